@@ -1,0 +1,148 @@
+"""Validated loader settings: a plain frozen dataclass, checked without any I/O.
+
+Every argument error names the argument and shows the value, e.g.
+``batch_size=0 must be a positive integer``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+__all__ = ["LoaderConfig", "resolve_device", "usable_cpus"]
+
+OnError = Literal["raise", "skip"]
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (the affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+def _non_negative_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a non-negative integer")
+    return value
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device batches are delivered on; refuses CUDA when this machine has none."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a valid torch device") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} needs CUDA, but torch.cuda.is_available() is False")
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise ValueError(f"device={device!r}: only 'cpu' and 'cuda[:N]' are supported")
+    return dev
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Every setting of a :class:`~aioloader.Loader`, validated (see ``Loader`` for meanings)."""
+
+    batch_size: int
+    decode: Callable[[bytes], Any] | None
+    collate: Callable[[list[Any]], Any] | None
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    num_workers: int
+    io_concurrency: int
+    prefetch: int
+    ordered: bool
+    device: torch.device
+    pin_memory: bool
+    on_error: OnError
+    max_failures: int | float | None
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        batch_size: object,
+        decode: object,
+        collate: object,
+        shuffle: object,
+        seed: object,
+        drop_last: object,
+        num_workers: object,
+        io_concurrency: object,
+        prefetch: object,
+        ordered: object,
+        device: object,
+        pin_memory: object,
+        on_error: object,
+        max_failures: object,
+    ) -> LoaderConfig:
+        """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
+        bs = _positive_int("batch_size", batch_size)
+        if decode is not None and not callable(decode):
+            raise TypeError(f"decode={decode!r} must be callable (bytes -> sample) or None")
+        if collate is not None and not callable(collate):
+            raise TypeError(f"collate={collate!r} must be callable (list of samples -> batch)")
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("ordered", ordered)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}={flag!r} must be True or False")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed={seed!r} must be a non-negative integer")
+        workers = usable_cpus() if num_workers is None else _positive_int("num_workers", num_workers)
+        io = _positive_int("io_concurrency", io_concurrency)
+        pre = _positive_int("prefetch", prefetch)
+        if not (device is None or isinstance(device, (str, torch.device))):
+            raise TypeError(f"device={device!r} must be None, a string or a torch.device")
+        dev = resolve_device(device)
+        if pin_memory is not None and not isinstance(pin_memory, bool):
+            raise TypeError(f"pin_memory={pin_memory!r} must be True, False or None")
+        # Pinned staging only means something for a CUDA copy; elsewhere it is ignored.
+        pin = dev.type == "cuda" and (pin_memory is None or pin_memory)
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'")
+        if max_failures is not None:
+            if on_error != "skip":
+                raise ValueError(f"max_failures={max_failures!r} needs on_error='skip'")
+            if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)):
+                raise TypeError(f"max_failures={max_failures!r} must be an int count or a float fraction")
+            if isinstance(max_failures, int) and max_failures < 0:
+                raise ValueError(f"max_failures={max_failures!r} must be >= 0")
+            if isinstance(max_failures, float) and not 0.0 <= max_failures <= 1.0:
+                raise ValueError(f"max_failures={max_failures!r} as a fraction must be in [0, 1]")
+        return cls(
+            batch_size=bs,
+            decode=decode,  # type: ignore[arg-type]
+            collate=collate,  # type: ignore[arg-type]
+            shuffle=bool(shuffle),
+            seed=int(seed),
+            drop_last=bool(drop_last),
+            num_workers=workers,
+            io_concurrency=io,
+            prefetch=pre,
+            ordered=bool(ordered),
+            device=dev,
+            pin_memory=pin,
+            on_error=on_error,  # type: ignore[arg-type]
+            max_failures=max_failures,  # type: ignore[arg-type]
+        )

@@ -1,0 +1,205 @@
+"""``FileDataset``: the list of files to load, with optional integer labels.
+
+Built from a list of paths, an ImageFolder-style tree, a CSV file or a pandas DataFrame.
+Everything that can be wrong with the listing (no files, a missing column, a missing root)
+fails here, at construction, with a message naming what is missing; a file that vanishes
+later fails at read time as a ``ReadError``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["IMAGE_EXTENSIONS", "FileDataset"]
+
+#: Extensions ``from_folder`` keeps by default (compared lower-case).
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif"}
+)
+
+StrPath = str | os.PathLike[str]
+
+
+def _labels_to_indices(raw: Sequence[Any], where: str) -> tuple[npt.NDArray[np.int64], list[str] | None]:
+    """Integer labels pass through; anything else maps to indices of its sorted classes."""
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
+        return np.asarray(raw, dtype=np.int64), None
+    if any(v is None or (isinstance(v, float) and v != v) for v in raw):
+        raise ValueError(f"{where}: some labels are missing (empty or NaN)")
+    names = [str(v) for v in raw]
+    classes = sorted(set(names))
+    lookup = {c: i for i, c in enumerate(classes)}
+    return np.asarray([lookup[v] for v in names], dtype=np.int64), classes
+
+
+class FileDataset:
+    """An ordered list of file paths, with optional integer labels.
+
+    ``dataset[i]`` is ``(path, label)`` (or ``(path, None)`` without labels); ``len`` is the
+    number of files. ``classes``/``class_to_idx`` are set when labels came from names
+    (folders or string labels).
+    """
+
+    def __init__(
+        self,
+        paths: Iterable[StrPath],
+        labels: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
+        *,
+        root: StrPath | None = None,
+        classes: Sequence[str] | None = None,
+    ) -> None:
+        base = Path(root) if root is not None else None
+        resolved: list[str] = []
+        for p in paths:
+            if not isinstance(p, (str, os.PathLike)):
+                raise TypeError(f"paths must be str or os.PathLike, got {type(p).__name__}: {p!r}")
+            path = Path(p)
+            if base is not None and not path.is_absolute():
+                path = base / path
+            resolved.append(os.fspath(path))
+        if not resolved:
+            raise ValueError("FileDataset is empty: no paths were given")
+        self._paths = resolved
+        self._labels: npt.NDArray[np.int64] | None = None
+        if labels is not None:
+            arr = np.asarray(labels)
+            if arr.ndim != 1 or len(arr) != len(resolved):
+                raise ValueError(f"labels has {arr.size} entries but there are {len(resolved)} paths")
+            if not np.issubdtype(arr.dtype, np.integer):
+                raise TypeError(f"labels must be integers, got dtype {arr.dtype}")
+            self._labels = arr.astype(np.int64)
+        self.classes: list[str] | None = list(classes) if classes is not None else None
+
+    @property
+    def class_to_idx(self) -> dict[str, int] | None:
+        """``{class name: label}``, or None when labels did not come from names."""
+        return None if self.classes is None else {c: i for i, c in enumerate(self.classes)}
+
+    @property
+    def has_labels(self) -> bool:
+        return self._labels is not None
+
+    @property
+    def paths(self) -> Sequence[str]:
+        return self._paths
+
+    @property
+    def labels(self) -> npt.NDArray[np.int64] | None:
+        return self._labels
+
+    def path(self, index: int) -> str:
+        return self._paths[index]
+
+    def label(self, index: int) -> int | None:
+        return None if self._labels is None else int(self._labels[index])
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __getitem__(self, index: int) -> tuple[str, int | None]:
+        return self._paths[index], self.label(index)
+
+    def __repr__(self) -> str:
+        extra = f", classes={len(self.classes)}" if self.classes is not None else ""
+        return f"FileDataset({len(self)} files{extra})"
+
+    @classmethod
+    def from_folder(
+        cls, root: StrPath, *, extensions: Iterable[str] | None = IMAGE_EXTENSIONS
+    ) -> FileDataset:
+        """ImageFolder layout: ``root/<class>/**/<file>``; sorted class folders get labels
+        0..K-1. Hidden files and folders (``.name``) are skipped; ``extensions`` filters
+        files by suffix (case-insensitive; None keeps every file). Files are sorted, so the
+        order does not depend on the file system."""
+        top = Path(root)
+        if not top.is_dir():
+            raise FileNotFoundError(f"from_folder: root folder {os.fspath(top)!r} does not exist")
+        exts = None if extensions is None else {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
+        classes = sorted(d.name for d in top.iterdir() if d.is_dir() and not d.name.startswith("."))
+        if not classes:
+            raise ValueError(f"from_folder: {os.fspath(top)!r} has no class sub-folders")
+        paths: list[str] = []
+        labels: list[int] = []
+        for label, name in enumerate(classes):
+            found: list[str] = []
+            for dirpath, dirnames, filenames in os.walk(top / name, followlinks=True):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                for f in filenames:
+                    if f.startswith("."):
+                        continue
+                    if exts is not None and os.path.splitext(f)[1].lower() not in exts:
+                        continue
+                    found.append(os.path.join(dirpath, f))
+            found.sort()
+            paths.extend(found)
+            labels.extend([label] * len(found))
+        if not paths:
+            raise ValueError(
+                f"from_folder: no files with extensions {sorted(exts or [])} under {os.fspath(top)!r}"
+            )
+        return cls(paths, labels, classes=classes)
+
+    @classmethod
+    def from_csv(
+        cls,
+        path: StrPath,
+        *,
+        path_column: str = "path",
+        label_column: str | None = None,
+        root: StrPath | None = None,
+    ) -> FileDataset:
+        """Rows of a CSV file with a header. Relative paths resolve against ``root``, or
+        else the CSV file's folder. String labels map to indices of their sorted names."""
+        csv_path = Path(path)
+        if not csv_path.is_file():
+            raise FileNotFoundError(f"from_csv: CSV file {os.fspath(csv_path)!r} does not exist")
+        with open(csv_path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames or []
+            _check_columns(header, path_column, label_column, f"from_csv({os.fspath(csv_path)!r})")
+            rows = list(reader)
+        paths = [r[path_column] for r in rows]
+        raw = [r[label_column] for r in rows] if label_column is not None else None
+        return cls._from_columns(paths, raw, root if root is not None else csv_path.parent, "from_csv")
+
+    @classmethod
+    def from_dataframe(
+        cls,
+        df: Any,
+        *,
+        path_column: str = "path",
+        label_column: str | None = None,
+        root: StrPath | None = None,
+    ) -> FileDataset:
+        """Rows of a pandas DataFrame (pandas is optional: only this method needs it)."""
+        columns = [str(c) for c in getattr(df, "columns", [])]
+        _check_columns(columns, path_column, label_column, "from_dataframe")
+        paths = [str(p) for p in df[path_column].tolist()]
+        raw = df[label_column].tolist() if label_column is not None else None
+        return cls._from_columns(paths, raw, root, "from_dataframe")
+
+    @classmethod
+    def _from_columns(
+        cls, paths: list[str], raw: list[Any] | None, root: StrPath | None, where: str
+    ) -> FileDataset:
+        if not paths:
+            raise ValueError(f"{where}: no rows")
+        if raw is None:
+            return cls(paths, root=root)
+        # CSV gives strings: "3" is the integer label 3, not a class name.
+        values = [int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in raw]
+        labels, classes = _labels_to_indices(values, where)
+        return cls(paths, labels, root=root, classes=classes)
+
+
+def _check_columns(header: Sequence[str], path_column: str, label_column: str | None, where: str) -> None:
+    for col in (path_column, label_column):
+        if col is not None and col not in header:
+            raise ValueError(f"{where}: column {col!r} not found; columns are {list(header)}")

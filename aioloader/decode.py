@@ -1,0 +1,155 @@
+"""Built-in decoders: functions of the file's bytes that run in the worker processes."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+from ._worker import sample_rng
+
+__all__ = ["ImageDecoder"]
+
+_RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+
+
+class ImageDecoder:
+    """Decode an image file to a ``uint8`` array of shape ``(3, H, W)`` (RGB, CHW).
+
+    ``size`` is the output ``H = W`` (an int) or ``(H, W)``. ``crop="center"`` takes the
+    largest centred box with the output's aspect ratio (the same as resizing the shorter
+    side and centre-cropping); ``crop="random"`` is a random-resized crop: a box of
+    ``scale`` (fraction of the area) and ``ratio`` (width/height) chosen from
+    :func:`aioloader.sample_rng`, then an optional horizontal flip (``hflip``, p=0.5). Crop
+    and resize happen in one resampling step. Images smaller than the output are upscaled.
+
+    With ``draft=True`` JPEGs are decoded at a reduced scale (1/2, 1/4 or 1/8, done in the
+    DCT domain, several times faster) whenever that scale still covers the crop box at the
+    output resolution. Any Pillow mode is converted to RGB: palette and alpha modes drop
+    alpha, 16-bit greyscale is scaled to 8 bits, CMYK is converted.
+
+    Picklable (plain attributes), so it can be sent to worker processes.
+    """
+
+    def __init__(
+        self,
+        size: int | tuple[int, int] = 224,
+        *,
+        crop: Literal["center", "random"] = "center",
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        hflip: bool = False,
+        draft: bool = True,
+        resample: Literal["nearest", "bilinear", "bicubic", "lanczos"] = "bilinear",
+    ) -> None:
+        h, w = (size, size) if isinstance(size, int) else size
+        if isinstance(h, bool) or not isinstance(h, int) or not isinstance(w, int) or h <= 0 or w <= 0:
+            raise ValueError(f"size={size!r} must be a positive int or a (height, width) pair of them")
+        if crop not in ("center", "random"):
+            raise ValueError(f"crop={crop!r} must be 'center' or 'random'")
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise ValueError(f"scale={scale!r} must satisfy 0 < min <= max <= 1")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"ratio={ratio!r} must satisfy 0 < min <= max")
+        if resample not in _RESAMPLE:
+            raise ValueError(f"resample={resample!r} must be one of {sorted(_RESAMPLE)}")
+        self.height, self.width = h, w
+        self.crop = crop
+        self.scale = scale
+        self.ratio = ratio
+        self.hflip = hflip
+        self.draft = draft
+        self.resample = resample
+
+    def __repr__(self) -> str:
+        return f"ImageDecoder(size=({self.height}, {self.width}), crop={self.crop!r}, draft={self.draft})"
+
+    @property
+    def output_shape(self) -> tuple[int, int, int]:
+        """Shape of every decoded sample: ``(3, H, W)``, dtype uint8."""
+        return (3, self.height, self.width)
+
+    def __call__(self, data: bytes) -> npt.NDArray[np.uint8]:
+        img = Image.open(io.BytesIO(data))
+        full_w, full_h = img.size
+        flip = False
+        if self.crop == "center":
+            box = _center_box(full_w, full_h, self.width / self.height)
+        else:
+            rng = sample_rng()
+            box = _random_box(rng, full_w, full_h, self.scale, self.ratio)
+            flip = self.hflip and bool(rng.random() < 0.5)
+        if self.draft and img.format == "JPEG":
+            box = self._apply_draft(img, box, full_w, full_h)
+        img = _to_rgb(img)
+        out = img.resize((self.width, self.height), _RESAMPLE[self.resample], box=box)
+        if flip:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        arr = np.asarray(out, dtype=np.uint8)
+        return np.ascontiguousarray(arr.transpose(2, 0, 1))
+
+    def _apply_draft(
+        self, img: Image.Image, box: tuple[float, float, float, float], full_w: int, full_h: int
+    ) -> tuple[float, float, float, float]:
+        """Ask for the smallest DCT scale whose crop box still has >= output pixels, and map
+        the box into the reduced image's coordinates."""
+        bw, bh = box[2] - box[0], box[3] - box[1]
+        want = (math.ceil(full_w * self.width / bw), math.ceil(full_h * self.height / bh))
+        if want[0] >= full_w and want[1] >= full_h:
+            return box  # no reduction possible
+        img.draft("RGB", want)
+        sx, sy = img.size[0] / full_w, img.size[1] / full_h
+        return (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+
+
+def _center_box(w: int, h: int, aspect: float) -> tuple[float, float, float, float]:
+    """Largest centred box of width/height ``aspect``."""
+    if w / h > aspect:
+        bw, bh = h * aspect, float(h)
+    else:
+        bw, bh = float(w), w / aspect
+    x0, y0 = (w - bw) / 2, (h - bh) / 2
+    return (x0, y0, x0 + bw, y0 + bh)
+
+
+def _random_box(
+    rng: np.random.Generator, w: int, h: int, scale: tuple[float, float], ratio: tuple[float, float]
+) -> tuple[float, float, float, float]:
+    """Random-resized-crop box (the Inception recipe): 10 tries, then a centre crop."""
+    area = w * h
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        bw = math.sqrt(target * aspect)
+        bh = math.sqrt(target / aspect)
+        if 0 < bw <= w and 0 < bh <= h:
+            x0 = rng.uniform(0, w - bw)
+            y0 = rng.uniform(0, h - bh)
+            return (x0, y0, x0 + bw, y0 + bh)
+    aspect = min(max(w / h, ratio[0]), ratio[1])
+    return _center_box(w, h, aspect)
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Any Pillow mode to 8-bit RGB (alpha dropped, 16/32-bit greyscale scaled)."""
+    if img.mode == "RGB":
+        return img
+    if img.mode.startswith("I;16"):
+        img = img.convert("I")
+    if img.mode == "I":
+        img = img.point(lambda v: v * (1 / 256)).convert("L")
+    elif img.mode == "F":
+        img = img.convert("L")
+    elif img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # Pillow warns when a palette with transparency goes straight to RGB
+    return img.convert("RGB")

@@ -1,0 +1,346 @@
+"""``Loader``: the public front-ends (``for``, ``async for``, ``with``, ``async with``) over
+the one engine.
+
+The loader owns a lifecycle state and, once started, a :class:`~aioloader.runtime.Runtime`.
+Both iterators read the same hand-off the bridging thread fills: the sync one blocks on it,
+the async one awaits it on the caller's loop. Neither runs any pipeline logic of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from .bridge import Run
+from .config import LoaderConfig, OnError
+from .dataset import FileDataset, StrPath
+from .decode import ImageDecoder
+from .errors import LoaderClosedError, LoaderError
+from .handoff import Closed
+from .items import Batch, End, Failure, Item
+from .runtime import Runtime
+from .sampler import EpochPlan, num_batches, plan_epoch
+from .stats import Counters, LoaderStats
+
+__all__ = ["Loader"]
+
+
+class State(enum.Enum):
+    """``IDLE`` (constructed) -> ``STARTED`` (threads and workers up) -> ``CLOSED``."""
+
+    IDLE = "idle"
+    STARTED = "started"
+    CLOSED = "closed"
+
+
+CLOSED_MESSAGE = "the loader is closed; create a new Loader to load again"
+SUPERSEDED_MESSAGE = "this iterator was superseded: a newer iteration of the same loader started"
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "ImageDecoder(size=224)"
+
+
+_DEFAULT_DECODE: Any = _Default()
+
+
+class Loader:
+    """Loads batches of files, read concurrently and decoded in worker processes.
+
+    Args:
+        dataset: a :class:`FileDataset`, or a sequence of paths (no labels).
+        batch_size: samples per batch.
+        decode: picklable ``bytes -> sample``, run in ``num_workers`` processes; default
+            ``ImageDecoder(size=224)``. ``None`` delivers the raw bytes (no processes).
+        collate: ``list of samples -> batch``; default :func:`default_collate`. Runs on the
+            loader's collate thread.
+        shuffle, seed: the order of each epoch depends only on ``(seed, epoch)``.
+        drop_last: leave out the last batch if it is partial.
+        num_workers: decode processes (default: the CPUs this process may use).
+        io_concurrency: file reads in flight.
+        prefetch: finished batches buffered ahead of the trainer.
+        ordered: batches in sampler order (default) or samples in completion order.
+        device: ``"cuda"``/``"cuda:N"`` delivers batches on that GPU; None or ``"cpu"``.
+        pin_memory: stage copies through pinned memory (default: True with CUDA; ignored
+            without CUDA).
+        on_error: ``"raise"`` the first :class:`SampleError`, or ``"skip"`` failed samples
+            (counted in ``stats``, one ``aioloader`` WARNING per file).
+        max_failures: with ``"skip"``, give up with a :class:`LoaderError` past this many
+            failures (int) or this fraction of the samples seen (float).
+
+    A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
+    its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
+    :meth:`set_epoch` since the previous iteration began, else the previous epoch + 1 (the
+    first is 0). Starting a new iteration cancels an unfinished one.
+    """
+
+    def __init__(
+        self,
+        dataset: FileDataset | Sequence[StrPath],
+        *,
+        batch_size: int = 64,
+        decode: Callable[[bytes], Any] | None = _DEFAULT_DECODE,
+        collate: Callable[[list[Any]], Any] | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_workers: int | None = None,
+        io_concurrency: int = 64,
+        prefetch: int = 2,
+        ordered: bool = True,
+        device: str | torch.device | None = None,
+        pin_memory: bool | None = None,
+        on_error: OnError = "raise",
+        max_failures: int | float | None = None,
+    ) -> None:
+        if decode is _DEFAULT_DECODE:
+            decode = ImageDecoder(224)
+        self._config = LoaderConfig.create(
+            batch_size=batch_size,
+            decode=decode,
+            collate=collate,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            io_concurrency=io_concurrency,
+            prefetch=prefetch,
+            ordered=ordered,
+            device=device,
+            pin_memory=pin_memory,
+            on_error=on_error,
+            max_failures=max_failures,
+        )
+        if isinstance(dataset, FileDataset):
+            self._dataset = dataset
+        elif isinstance(dataset, (str, bytes)) or not isinstance(dataset, Sequence):
+            raise TypeError(f"dataset must be a FileDataset or a sequence of paths, got {type(dataset).__name__}")
+        else:
+            self._dataset = FileDataset(dataset)
+        self._state = State.IDLE
+        self._lock = threading.Lock()
+        self._runtime: Runtime | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._counters = Counters()
+        self._epoch = 0
+        self._epoch_set = True  # the first iteration uses epoch 0 unless set_epoch says otherwise
+        self._run: Run | None = None
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def config(self) -> LoaderConfig:
+        return self._config
+
+    @property
+    def dataset(self) -> FileDataset:
+        return self._dataset
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current (or next) iteration."""
+        return self._epoch
+
+    @property
+    def stats(self) -> LoaderStats:
+        """A snapshot of the counters (see :class:`LoaderStats`)."""
+        return self._counters.snapshot()
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return num_batches(len(self._dataset), self._config.batch_size, self._config.drop_last)
+
+    def __repr__(self) -> str:
+        return f"<Loader {self._state.value} {self._dataset!r} batch_size={self._config.batch_size}>"
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the next iteration (its shuffle order and augmentation seeds)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be a non-negative integer")
+        self._epoch = epoch
+        self._epoch_set = True
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> Loader:
+        """Start the loop, bridging thread and worker processes now (``with`` does this);
+        iterating starts them lazily otherwise. Returns self."""
+        self._runtime_or_start()
+        return self
+
+    def _runtime_or_start(self) -> Runtime:
+        with self._lock:
+            if self._state is State.CLOSED:
+                raise LoaderClosedError(CLOSED_MESSAGE)
+            if self._runtime is None:
+                runtime = Runtime(self._config, self._dataset, self._counters)
+                # The safety net: a loader dropped without close() still stops everything.
+                self._finalizer = weakref.finalize(self, runtime.shutdown)
+                self._runtime = runtime
+                self._state = State.STARTED
+            return self._runtime
+
+    def close(self) -> None:
+        """Stop and join every thread and process the loader started. Idempotent."""
+        with self._lock:
+            if self._state is State.CLOSED:
+                return
+            self._state = State.CLOSED
+            finalizer, self._finalizer = self._finalizer, None
+            self._runtime = None
+        if finalizer is not None:
+            finalizer()
+
+    async def aclose(self) -> None:
+        """:meth:`close` without blocking the caller's event loop. Idempotent."""
+        await _in_thread(self.close)
+
+    def __enter__(self) -> Loader:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()  # never masks the body's exception: close does not raise
+
+    async def __aenter__(self) -> Loader:
+        await _in_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # -- iteration --------------------------------------------------------------------------
+    def _begin(self) -> _Cursor:
+        runtime = self._runtime_or_start()
+        if not self._epoch_set:
+            self._epoch += 1
+        self._epoch_set = False
+        cfg = self._config
+        plan: EpochPlan = plan_epoch(
+            len(self._dataset),
+            batch_size=cfg.batch_size,
+            shuffle=cfg.shuffle,
+            seed=cfg.seed,
+            epoch=self._epoch,
+            drop_last=cfg.drop_last,
+        )
+        self._counters.begin_epoch(self._epoch)
+        run = runtime.start_run(plan)
+        self._run = run
+        return _Cursor(self, runtime, run)
+
+    def __iter__(self) -> Iterator[Any]:
+        return _SyncIterator(self._begin())
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return _AsyncIterator(self._begin())
+
+
+class _Cursor:
+    """The consumer's side of one run, shared by both iterators."""
+
+    def __init__(self, loader: Loader, runtime: Runtime, run: Run) -> None:
+        self.loader = loader
+        self.runtime = runtime
+        self.run = run
+        self.done = False
+        # An iterator dropped mid-epoch (``break``) cancels its run's reads and decodes.
+        self._finalizer = weakref.finalize(self, run.cancel)
+
+    def deliver(self, item: Item, waited: float) -> Any:
+        if isinstance(item, Batch):
+            value = self.runtime.copier.receive(item)
+            self.loader._counters.delivered(item.size, waited)
+            return value
+        self.done = True
+        self._finalizer()
+        if isinstance(item, End):
+            self.loader._counters.end_epoch()
+            raise StopIteration
+        assert isinstance(item, Failure)
+        raise item.error
+
+    def closed(self) -> LoaderError:
+        """The error for a hand-off that closed under the consumer."""
+        self.done = True
+        if self.loader.state is State.CLOSED:
+            return LoaderClosedError(CLOSED_MESSAGE)
+        return LoaderError(SUPERSEDED_MESSAGE)
+
+
+class _SyncIterator(Iterator[Any]):
+    def __init__(self, cursor: _Cursor) -> None:
+        self._cursor = cursor
+
+    def __next__(self) -> Any:
+        c = self._cursor
+        if c.done:
+            raise StopIteration
+        start = time.perf_counter()
+        try:
+            item = c.run.handoff.get()
+        except Closed:
+            raise c.closed() from None
+        return c.deliver(item, time.perf_counter() - start)
+
+
+class _AsyncIterator(AsyncIterator[Any]):
+    def __init__(self, cursor: _Cursor) -> None:
+        self._cursor = cursor
+
+    async def __anext__(self) -> Any:
+        c = self._cursor
+        if c.done:
+            raise StopAsyncIteration
+        start = time.perf_counter()
+        try:
+            item = await c.run.handoff.aget()
+        except Closed:
+            raise c.closed() from None
+        try:
+            return c.deliver(item, time.perf_counter() - start)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+
+async def _in_thread(fn: Callable[[], object]) -> None:
+    """Run a blocking lifecycle call (start, close) on a short-lived thread and await it."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the awaiting task
+            loop.call_soon_threadsafe(_settle, done, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, done, None)
+
+    thread = threading.Thread(target=target, name="aioloader-lifecycle", daemon=True)
+    thread.start()
+    # Shielded: if the awaiting task is cancelled, the call still runs to its end.
+    await asyncio.shield(done)
+    thread.join()  # it has settled ``done``: only its last instructions are left
+
+
+def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)

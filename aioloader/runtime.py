@@ -1,0 +1,167 @@
+"""Everything a started loader owns: the ``aioloader-loop`` thread with its event loop, the
+reader's threads, the decode processes, the collate thread and the bridging thread.
+
+:class:`Runtime` starts them together and :meth:`Runtime.shutdown` stops them all, in an
+order that cannot hang: cancel the run, stop the bridge, cancel every task on the loop, stop
+the loop, then stop the workers with a bounded grace period. Shutdown is idempotent and is
+also reached from ``weakref.finalize`` (garbage collection) and at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures.process  # noqa: F401 - its exit hook must be registered before ours
+import threading
+import weakref
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from .bridge import Bridge, Run
+from .config import LoaderConfig
+from .dataset import FileDataset
+from .device import DeviceCopier
+from .engine import Engine
+from .reader import FileReader
+from .sampler import EpochPlan
+from .stats import Counters
+from .workers import DecodePool
+
+__all__ = ["EventLoopThread", "Runtime"]
+
+T = TypeVar("T")
+
+try:  # uvloop's loop is faster at the many small callbacks of thousands of reads
+    import uvloop
+
+    def _new_loop() -> asyncio.AbstractEventLoop:
+        return uvloop.new_event_loop()
+
+except ImportError:  # pragma: no cover - uvloop is optional (no Windows wheels)
+
+    def _new_loop() -> asyncio.AbstractEventLoop:
+        return asyncio.new_event_loop()
+
+
+class EventLoopThread:
+    """An event loop running forever on a daemon thread named ``aioloader-loop``.
+
+    The portal into the engine: other threads schedule coroutines on it with
+    :meth:`submit`/:meth:`call`.
+    """
+
+    def __init__(self) -> None:
+        self.loop = _new_loop()
+        self.thread = threading.Thread(target=self._main, name="aioloader-loop", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (never from the loop's thread)."""
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError("EventLoopThread.call from its own thread would deadlock")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, timeout: float) -> None:
+        """Stop the loop, join the thread, close the loop."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+async def _cancel_everything() -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5)
+
+
+# Live runtimes, stopped before concurrent.futures joins its threads at interpreter exit
+# (threading's exit hooks run last-registered first): an open loader with reads or decodes
+# in flight would otherwise make that join wait for them.
+_live: weakref.WeakSet[Runtime] = weakref.WeakSet()
+_exit_hook_installed = False
+
+
+def _shutdown_all() -> None:
+    for rt in list(_live):
+        rt.shutdown()
+
+
+class Runtime:
+    """The started loader: threads, processes and the engine, for one loader's lifetime."""
+
+    def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
+        global _exit_hook_installed
+        self._closed = False
+        self._lock = threading.Lock()
+        self.config = config
+        self.pool = DecodePool(config.decode, config.num_workers) if config.decode is not None else None
+        self.reader = FileReader(config.io_concurrency)
+        self.collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
+        self.loop_thread = EventLoopThread()
+        self.engine = Engine(config, dataset, self.reader, self.pool, self.collate_pool, counters)
+        self.copier = DeviceCopier(config.device, config.pin_memory)
+        self.bridge = Bridge(self.copier)
+        self.run: Run | None = None
+        _live.add(self)
+        if not _exit_hook_installed:
+            register = getattr(threading, "_register_atexit", None)
+            if register is not None:
+                register(_shutdown_all)
+            _exit_hook_installed = True
+
+    def start_run(self, plan: EpochPlan) -> Run:
+        """Cancel the current run, if any, and start producing ``plan`` (does not block)."""
+        with self._lock:
+            if self.run is not None:
+                self.run.cancel()
+            loop = self.loop_thread.loop
+            run = Run(loop, self.config.prefetch)
+
+            def begin() -> None:
+                if not run.cancelled:
+                    run.task = loop.create_task(self.engine.produce(plan, run.queue))
+
+            loop.call_soon_threadsafe(begin)
+            self.bridge.serve(run)
+            self.run = run
+            return run
+
+    def shutdown(self, grace: float = 2.0) -> None:
+        """Stop and join everything, within a few ``grace`` periods; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            run, self.run = self.run, None
+        _live.discard(self)
+        if threading.current_thread() in (self.loop_thread.thread, self.bridge.thread):
+            # Reached from a finalizer on one of our own threads: it cannot join itself.
+            threading.Thread(target=self._stop_all, args=(run, grace), name="aioloader-reaper").start()
+            return
+        self._stop_all(run, grace)
+
+    def _stop_all(self, run: Run | None, grace: float) -> None:
+        if run is not None:
+            run.cancel()
+        self.bridge.stop(timeout=grace)
+        if not self.loop_thread.loop.is_closed() and self.loop_thread.thread.is_alive():
+            try:
+                self.loop_thread.call(_cancel_everything(), timeout=grace + 5)
+            except Exception:  # noqa: BLE001 - stopping the loop below is what matters
+                pass
+        self.loop_thread.stop(timeout=grace)
+        if self.pool is not None:
+            self.pool.close(grace)
+        self.reader.close()
+        self.collate_pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,95 @@
+"""Which samples go into which batch, for one epoch and one rank.
+
+Pure functions of ``(n, seed, epoch, rank, world_size, batch_size, drop_last)``: no I/O, no
+event loop, so every sampling decision is unit-tested directly (``tests/test_sampler.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["EpochPlan", "epoch_order", "num_batches", "plan_epoch", "shard"]
+
+IndexArray = npt.NDArray[np.int64]
+
+
+def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int) -> IndexArray:
+    """Dataset indices in the order of ``epoch``: ``0..n-1``, or a permutation of them that
+    depends only on ``(seed, epoch)``."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch])))
+    return rng.permutation(n).astype(np.int64, copy=False)
+
+
+def shard(order: IndexArray, rank: int, world_size: int, *, pad: bool = True) -> IndexArray:
+    """The part of ``order`` that ``rank`` sees, like ``DistributedSampler``.
+
+    Shards are made equal first, so every rank gets the same number of batches (uneven
+    counts hang collective ops): ``pad`` repeats samples from the start of ``order`` to fill
+    the last round; otherwise the tail that does not fill a round is dropped. Rank ``r``
+    takes every ``world_size``-th index starting at ``r``.
+    """
+    if world_size == 1:
+        return order
+    n = len(order)
+    if pad:
+        total = math.ceil(n / world_size) * world_size
+        if total > n:
+            reps = math.ceil((total - n) / max(n, 1))
+            order = np.concatenate([order, np.tile(order, reps)[: total - n]])
+    else:
+        order = order[: (n // world_size) * world_size]
+    return order[rank::world_size]
+
+
+def num_batches(num_samples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches in an epoch of ``num_samples``: the last partial batch counts unless
+    ``drop_last``."""
+    if drop_last:
+        return num_samples // batch_size
+    return math.ceil(num_samples / batch_size)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """The samples of one epoch on one rank, cut into batches.
+
+    ``indices`` holds exactly the samples that will be delivered (the tail that
+    ``drop_last`` drops is already removed); ``start`` is the first batch to produce (a
+    resumed epoch starts past 0).
+    """
+
+    epoch: int
+    indices: IndexArray
+    batch_size: int
+    start: int = 0
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.indices) / self.batch_size)
+
+    def batch(self, k: int) -> IndexArray:
+        """Dataset indices of batch ``k`` (0-based within the epoch)."""
+        return self.indices[k * self.batch_size : (k + 1) * self.batch_size]
+
+
+def plan_epoch(
+    n: int,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    drop_last: bool,
+    rank: int = 0,
+    world_size: int = 1,
+    start: int = 0,
+) -> EpochPlan:
+    """Plan ``epoch``: order, shard for ``rank``, then drop the last partial batch if asked."""
+    indices = shard(epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch), rank, world_size)
+    keep = num_batches(len(indices), batch_size, drop_last) * batch_size
+    return EpochPlan(epoch=epoch, indices=indices[:keep], batch_size=batch_size, start=start)

@@ -1,0 +1,89 @@
+"""Stage 3's processes: the decode worker pool, its start and its bounded shutdown.
+
+Workers come from a ``forkserver`` context (``spawn`` where there is none): plain ``fork``
+after the loader's threads exist can copy a held lock into the child and hang it. The fork
+server preloads aioloader (and so NumPy, Pillow and torch) once, so each worker starts by a
+cheap fork of a warm process instead of re-importing torch.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from . import _worker
+
+__all__ = ["DecodePool", "mp_context"]
+
+_context: BaseContext | None = None
+
+
+def mp_context() -> BaseContext:
+    """The multiprocessing context every loader's workers come from (created once)."""
+    global _context
+    if _context is None:
+        if sys.platform != "win32" and "forkserver" in mp.get_all_start_methods():
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["aioloader._worker", "aioloader.decode", "aioloader"])
+            _context = ctx
+        else:
+            _context = mp.get_context("spawn")
+    return _context
+
+
+class DecodePool:
+    """``num_workers`` persistent processes running ``decode``.
+
+    ``close`` is bounded: it asks workers to exit, waits ``grace`` seconds, then terminates
+    and finally kills what is left, because ``ProcessPoolExecutor.shutdown`` alone waits for
+    a hung task forever.
+    """
+
+    def __init__(self, decode: Callable[[bytes], Any], num_workers: int) -> None:
+        self.num_workers = num_workers
+        self._executor = ProcessPoolExecutor(
+            num_workers, mp_context=mp_context(), initializer=_worker.worker_init, initargs=(decode,)
+        )
+        # The executor starts a process per submitted task while none is idle: one no-op per
+        # worker starts them all now, in parallel with the first reads.
+        self._warm = [self._executor.submit(_worker.warm_up) for _ in range(num_workers)]
+
+    @property
+    def executor(self) -> ProcessPoolExecutor:
+        return self._executor
+
+    def submit(self, data: bytes, seed: int, epoch: int, index: int) -> Future[tuple[bool, Any]]:
+        return self._executor.submit(_worker.run_decode, data, seed, epoch, index)
+
+    def pids(self) -> list[int]:
+        procs = getattr(self._executor, "_processes", None) or {}
+        return [p.pid for p in procs.values() if p.pid is not None]
+
+    def close(self, grace: float = 2.0) -> None:
+        """Stop every worker within about ``2 * grace`` seconds, whatever they are doing."""
+        procs = list((getattr(self._executor, "_processes", None) or {}).values())
+        # shutdown(wait=False) forgets the manager thread, so a later shutdown(wait=True)
+        # would not join it: keep it to join ourselves.
+        manager = getattr(self._executor, "_executor_manager_thread", None)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + grace
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        stuck = [p for p in procs if p.is_alive()]
+        for p in stuck:
+            p.terminate()
+        deadline = time.monotonic() + grace
+        for p in stuck:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if manager is not None:
+            manager.join(grace)
+        for p in procs:
+            p.close()  # release the sentinel fds now rather than at garbage collection
