@@ -132,8 +132,8 @@ class LoaderConfig:
                 raise ValueError(f"max_failures={max_failures!r} as a fraction must be in [0, 1]")
         return cls(
             batch_size=bs,
-            decode=decode,  # type: ignore[arg-type]
-            collate=collate,  # type: ignore[arg-type]
+            decode=decode,
+            collate=collate,
             shuffle=bool(shuffle),
             seed=int(seed),
             drop_last=bool(drop_last),
@@ -143,6 +143,6 @@ class LoaderConfig:
             ordered=bool(ordered),
             device=dev,
             pin_memory=pin,
-            on_error=on_error,  # type: ignore[arg-type]
-            max_failures=max_failures,  # type: ignore[arg-type]
+            on_error=on_error,
+            max_failures=max_failures,
         )

@@ -121,7 +121,11 @@ class FileDataset:
         top = Path(root)
         if not top.is_dir():
             raise FileNotFoundError(f"from_folder: root folder {os.fspath(top)!r} does not exist")
-        exts = None if extensions is None else {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
+        exts = (
+            None
+            if extensions is None
+            else {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
+        )
         classes = sorted(d.name for d in top.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not classes:
             raise ValueError(f"from_folder: {os.fspath(top)!r} has no class sub-folders")

@@ -79,7 +79,7 @@ class ImageDecoder:
         return (3, self.height, self.width)
 
     def __call__(self, data: bytes) -> npt.NDArray[np.uint8]:
-        img = Image.open(io.BytesIO(data))
+        img: Image.Image = Image.open(io.BytesIO(data))
         full_w, full_h = img.size
         flip = False
         if self.crop == "center":
@@ -90,8 +90,8 @@ class ImageDecoder:
             flip = self.hflip and bool(rng.random() < 0.5)
         if self.draft and img.format == "JPEG":
             box = self._apply_draft(img, box, full_w, full_h)
-        img = _to_rgb(img)
-        out = img.resize((self.width, self.height), _RESAMPLE[self.resample], box=box)
+        rgb = _to_rgb(img)
+        out = rgb.resize((self.width, self.height), _RESAMPLE[self.resample], box=box)
         if flip:
             out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         arr = np.asarray(out, dtype=np.uint8)

@@ -46,6 +46,10 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
+def _allocate_pinned(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
 class PinnedPool:
     """Reusable page-locked staging buffers, at most ``limit`` of them.
 
@@ -55,9 +59,10 @@ class PinnedPool:
     the trainer would receive a mix of two batches.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, allocate: Callable[[int], torch.Tensor] | None = None) -> None:
         self.limit = limit
         self.allocated = 0
+        self._allocate = allocate or _allocate_pinned
         self._free: dict[int, list[torch.Tensor]] = {}
         self._in_flight: deque[tuple[Any, list[torch.Tensor]]] = deque()
 
@@ -75,7 +80,7 @@ class PinnedPool:
                 continue
             self._evict_one()  # all free but of other sizes (a last partial batch)
         self.allocated += 1
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return self._allocate(nbytes)
 
     def release_after(self, event: Any, buffers: list[torch.Tensor]) -> None:
         """Return ``buffers`` to the pool once ``event`` (recorded after their copy) completes."""
@@ -116,19 +121,23 @@ class DeviceCopier:
     """Moves batches to ``device``. ``start`` runs on the bridging thread; ``receive`` on
     the consumer's thread."""
 
-    def __init__(self, device: torch.device, pin_memory: bool, pool_limit: int = 64) -> None:
+    def __init__(self, device: torch.device, pin_memory: bool, pool_limit: int = 16) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
         self.pin_memory = pin_memory and self.cuda
+        # Copies in flight are few (the hand-off holds one batch, the bridge copies the next),
+        # so a handful of buffers per tensor of a batch is all the pool ever needs.
         self.pool = PinnedPool(pool_limit)
         self.stream: Any = None
+        self.thread_device: int | None = None  # the bridge thread's current CUDA device
 
     def start(self) -> None:
         """Bind the calling thread to the device and create the side stream."""
         if self.cuda:
             # Without this the thread's first CUDA call would create a context on GPU 0.
             torch.cuda.set_device(self.device)
-            self.stream = torch.cuda.Stream(self.device)
+            self.thread_device = torch.cuda.current_device()
+            self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
 
     def to_device(self, value: Any) -> tuple[Any, Any]:
         """``(value on the device, event recorded after its copies or None)``."""
@@ -150,7 +159,7 @@ class DeviceCopier:
                 return src.to(self.device, non_blocking=True)
 
         moved = map_tensors(value, copy)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(self.stream)
         self.pool.release_after(event, staged)
         return moved, event
@@ -181,5 +190,3 @@ class DeviceCopier:
             self.stream.synchronize()
         self.pool.clear()
         self.stream = None
-
-

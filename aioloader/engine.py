@@ -79,7 +79,7 @@ class Engine:
                 await self._unordered(plan, out)
         except LoaderError as exc:
             await out.put(Failure(exc))
-        except Exception as exc:  # a bug of ours or a custom collate: still reach the trainer
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must still reach the trainer
             err = LoaderError(f"loading stopped: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
             await out.put(Failure(err))
@@ -152,7 +152,9 @@ class Engine:
         try:
             data = await self._reader.read(path)
         except OSError as exc:
-            return self._failed(ReadError(f"cannot read file: {exc.strerror or exc}", path=path, index=index), exc)
+            return self._failed(
+                ReadError(f"cannot read file: {exc.strerror or exc}", path=path, index=index), exc
+            )
         if not data:
             return self._failed(ReadError("empty file", path=path, index=index), None)
         self._counters.add_bytes(len(data))

@@ -54,9 +54,7 @@ class SampleError(LoaderError):
         return (_rebuild_sample_error, (type(self), self.args[0], self.path, self.index))
 
 
-def _rebuild_sample_error(
-    cls: type[SampleError], full_message: str, path: str, index: int
-) -> SampleError:
+def _rebuild_sample_error(cls: type[SampleError], full_message: str, path: str, index: int) -> SampleError:
     err = cls.__new__(cls)
     Exception.__init__(err, full_message)
     err.path = path

@@ -123,7 +123,9 @@ class Loader:
         if isinstance(dataset, FileDataset):
             self._dataset = dataset
         elif isinstance(dataset, (str, bytes)) or not isinstance(dataset, Sequence):
-            raise TypeError(f"dataset must be a FileDataset or a sequence of paths, got {type(dataset).__name__}")
+            raise TypeError(
+                f"dataset must be a FileDataset or a sequence of paths, got {type(dataset).__name__}"
+            )
         else:
             self._dataset = FileDataset(dataset)
         self._state = State.IDLE

@@ -52,4 +52,3 @@ class FileReader:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-

@@ -1,0 +1,121 @@
+"""Shared fixtures: real files on disk, and a check that no test leaks a thread, a child
+process or a file descriptor."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing import forkserver, resource_tracker
+from pathlib import Path
+
+import pytest
+from helpers import write_numbered_files
+
+from aioloader.synthetic import make_image_folder
+from aioloader.workers import mp_context
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _process_wide_helpers() -> None:
+    """Start what lives for the whole process by design before the leak checks take their
+    first snapshot: the shared fork server, the resource tracker, and libuv's global
+    signal pipe (made by the first uvloop loop of a process)."""
+    if mp_context().get_start_method() == "forkserver":
+        forkserver.ensure_running()
+    resource_tracker.ensure_running()
+    try:
+        import uvloop
+    except ImportError:
+        return
+    uvloop.new_event_loop().close()
+
+
+def _shared_helper_pids() -> set[int]:
+    pids = set()
+    fs = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    rt = getattr(resource_tracker._resource_tracker, "_pid", None)
+    for pid in (fs, rt):
+        if pid:
+            pids.add(pid)
+    return pids
+
+
+def _descendants() -> set[int]:
+    """Live (non-zombie) descendants of this process, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    out: set[int] = set()
+    todo = [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out - _shared_helper_pids()
+
+
+def _fds() -> set[str]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.add(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            pass  # the fd listdir itself used
+    return out
+
+
+def _threads() -> set[str]:
+    return {f"{t.name}#{t.ident}" for t in threading.enumerate()}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a thread, a child process or a file descriptor behind."""
+    before = (_threads(), _descendants(), _fds())
+    yield
+    if request.node.get_closest_marker("allow_leaks"):
+        return
+    deadline = time.monotonic() + 5.0
+    while True:
+        gc.collect()
+        threads = _threads() - before[0]
+        procs = _descendants() - before[1]
+        fds = {fd for fd in _fds() - before[2] if "/dev/pts" not in fd}
+        if not (threads or procs or fds) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    problems = []
+    if threads:
+        problems.append(f"threads: {sorted(threads)}")
+    if procs:
+        problems.append(f"child processes: {sorted(procs)}")
+    if fds:
+        problems.append(f"file descriptors: {sorted(fds)}")
+    if problems:
+        pytest.fail("leaked after the test: " + "; ".join(problems))
+
+
+@pytest.fixture(scope="session")
+def numbered(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """37 real files whose content is their number (37: prime, so no batch size divides it)."""
+    return write_numbered_files(tmp_path_factory.mktemp("numbered"), 37)
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small ImageFolder of real JPEGs: 3 classes, 30 images of 96x72."""
+    root = tmp_path_factory.mktemp("images")
+    return make_image_folder(root, num_images=30, num_classes=3, size=(96, 72))

@@ -1,0 +1,74 @@
+"""Picklable decoders and file builders shared by the tests (workers import this module)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def write_numbered_files(folder: Path, n: int) -> list[str]:
+    """``n`` small real files whose content is their number, ``sample-000123``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        p = folder / f"f{i:05d}.txt"
+        p.write_bytes(f"sample-{i:06d}".encode())
+        paths.append(os.fspath(p))
+    return paths
+
+
+def decode_number(data: bytes) -> np.ndarray:
+    """``b"sample-000123"`` -> ``array([123])``; anything else raises ValueError."""
+    text = data.decode()
+    if not text.startswith("sample-"):
+        raise ValueError(f"not a numbered file: {text[:20]!r}")
+    return np.array([int(text[7:])], dtype=np.int64)
+
+
+class FailOn:
+    """Decode numbered files, raising ``exc_type(message)`` on the numbers in ``bad``."""
+
+    def __init__(self, bad: set[int], exc_type: type[Exception] = ValueError) -> None:
+        self.bad = bad
+        self.exc_type = exc_type
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        value = decode_number(data)
+        if int(value[0]) in self.bad:
+            boom(self.exc_type, f"bad sample {int(value[0])}")
+        return value
+
+
+def boom(exc_type: type[Exception], message: str) -> None:
+    """A named frame, so tests can find it in the worker's traceback."""
+    raise exc_type(message)
+
+
+class SlowDecode:
+    """Decode numbered files after sleeping ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        time.sleep(self.seconds)
+        return decode_number(data)
+
+
+def random_draw(data: bytes) -> np.ndarray:
+    """The number and one draw of aioloader.sample_rng() (seeded by seed, epoch, index)."""
+    import aioloader
+
+    return np.array([float(decode_number(data)[0]), aioloader.sample_rng().random()])
+
+
+def flatten(batches: list[object]) -> list[int]:
+    """Sample numbers in delivery order, from batches of decode_number samples."""
+    out: list[int] = []
+    for b in batches:
+        values = b[0] if isinstance(b, (tuple, list)) else b
+        out.extend(int(v) for v in values.reshape(-1).tolist())  # type: ignore[attr-defined]
+    return out

@@ -1,0 +1,209 @@
+"""Stage 6, the device copy. The CPU cases run everywhere and go through the same bridging
+thread and hand-off as CUDA; the ``cuda`` cases need a GPU and are skipped without one."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import decode_number, flatten
+
+import aioloader
+from aioloader import FileDataset, Loader
+from aioloader.device import DeviceCopier, PinnedPool, map_tensors
+from aioloader.items import Batch
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+Pair = namedtuple("Pair", "a b")
+
+
+def nested_decode(data: bytes) -> dict[str, Any]:
+    n = int(decode_number(data)[0])
+    return {
+        "x": np.full((2, 3), n, dtype=np.float32),
+        "meta": {"name": f"s{n}", "none": None},
+        "t": (n, [n * 2]),
+    }
+
+
+def test_map_tensors_nested_structures() -> None:
+    value = {
+        "a": torch.ones(2),
+        "b": [np.zeros(3, dtype=np.int16), "text", None, 3, 2.5],
+        "c": (torch.zeros(1), b"raw"),
+        "d": Pair(np.ones(1), "x"),
+    }
+    seen: list[torch.Tensor] = []
+    out = map_tensors(value, lambda t: seen.append(t) or t * 2)
+    assert len(seen) == 4
+    assert torch.equal(out["a"], torch.full((2,), 2.0))
+    assert isinstance(out["b"][0], torch.Tensor) and out["b"][0].dtype == torch.int16
+    assert out["b"][1:] == ["text", None, 3, 2.5]
+    assert isinstance(out["c"], tuple) and out["c"][1] == b"raw"
+    assert isinstance(out["d"], Pair) and out["d"].b == "x"
+
+
+def test_cpu_copier_is_a_no_op_that_makes_tensors() -> None:
+    copier = DeviceCopier(torch.device("cpu"), pin_memory=True)
+    assert copier.pin_memory is False  # pinning means nothing without CUDA
+    t = torch.arange(4)
+    value, event = copier.to_device({"t": t, "n": np.arange(3)})
+    assert event is None and value["t"] is t and isinstance(value["n"], torch.Tensor)
+    assert copier.receive(Batch(0, value, 1, event)) is value
+
+
+class FakeEvent:
+    def __init__(self) -> None:
+        self.done = False
+        self.waited = 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waited += 1
+        self.done = True
+
+
+def test_pinned_pool_reuses_only_after_the_copy_completes() -> None:
+    pool = PinnedPool(limit=2, allocate=lambda n: torch.empty(n, dtype=torch.uint8))
+    a = pool.acquire(100)
+    ev = FakeEvent()
+    pool.release_after(ev, [a])
+    b = pool.acquire(100)  # a's copy still running: a new buffer, not a
+    assert b is not a and pool.allocated == 2
+    ev.done = True
+    c = pool.acquire(100)
+    assert c is a  # reclaimed once its event completed
+
+
+def test_pinned_pool_is_bounded_and_waits_for_the_oldest_copy() -> None:
+    pool = PinnedPool(limit=2, allocate=lambda n: torch.empty(n, dtype=torch.uint8))
+    events = []
+    for _ in range(100):
+        buf = pool.acquire(64)
+        ev = FakeEvent()
+        events.append(ev)
+        pool.release_after(ev, [buf])
+    assert pool.allocated == 2
+    assert sum(e.waited for e in events) == 98  # every reuse past the bound waited, in order
+
+
+def test_pinned_pool_evicts_other_sizes_at_the_bound() -> None:
+    pool = PinnedPool(limit=1, allocate=lambda n: torch.empty(n, dtype=torch.uint8))
+    pool.release_after(FakeEvent(), [pool.acquire(10)])
+    pool._in_flight[0][0].done = True
+    assert pool.acquire(20).numel() == 20 and pool.allocated == 1
+
+
+def test_nested_batches_through_the_bridge_in_order(numbered: list[str]) -> None:
+    with Loader(numbered, batch_size=4, decode=nested_decode, num_workers=2, device="cpu") as loader:
+        batches = list(loader)
+    assert [int(v) for b in batches for v in b["x"][:, 0, 0]] == list(range(37))
+    first = batches[0]
+    assert first["meta"]["name"] == ["s0", "s1", "s2", "s3"] and first["meta"]["none"] == [None] * 4
+    assert first["t"][0].tolist() == [0, 1, 2, 3] and first["t"][1][0].tolist() == [0, 2, 4, 6]
+
+
+def test_device_errors_at_construction(numbered: list[str]) -> None:
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            Loader(numbered, device="cuda")
+    with pytest.raises(ValueError, match="'cuda:99'"):
+        Loader(numbered, device="cuda:99")
+    with pytest.raises(ValueError, match="'mps'"):
+        Loader(numbered, device="mps")
+
+
+# -- CUDA ---------------------------------------------------------------------------------
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_batches_equal_cpu_batches_bit_for_bit(image_folder: Path) -> None:
+    ds = FileDataset.from_folder(image_folder)
+    kw: dict[str, Any] = {
+        "batch_size": 7,
+        "decode": aioloader.ImageDecoder(40, crop="random"),
+        "num_workers": 2,
+    }
+    with Loader(ds, shuffle=True, **kw) as cpu, Loader(ds, shuffle=True, device="cuda", **kw) as gpu:
+        for (xc, yc), (xg, yg) in zip(cpu, gpu, strict=True):
+            assert xg.is_cuda and yg.is_cuda
+            assert torch.equal(xg.cpu(), xc) and torch.equal(yg.cpu(), yc)
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_nested_structures(numbered: list[str]) -> None:
+    with Loader(numbered, batch_size=4, decode=nested_decode, num_workers=2, device="cuda") as loader:
+        batches = list(loader)
+    assert batches[0]["x"].is_cuda and batches[0]["t"][1][0].is_cuda
+    assert batches[0]["meta"]["name"] == ["s0", "s1", "s2", "s3"]
+    assert [int(v) for b in batches for v in b["x"][:, 0, 0].cpu()] == list(range(37))
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_receive_does_not_synchronise_the_host(numbered: list[str]) -> None:
+    """A long kernel queued on the trainer's stream is still running after a batch is
+    received: the hand-off made the stream wait on an event, it did not block the host."""
+    with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, device="cuda") as loader:
+        it = iter(loader)
+        first = next(it)
+        torch.cuda.synchronize()
+        stream = torch.cuda.current_stream()
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time on the trainer's stream
+        second = next(it)
+        assert not stream.query(), "receiving a batch synchronised the trainer's stream"
+        assert second.is_cuda
+        torch.cuda.synchronize()
+        assert flatten([first.cpu(), second.cpu()]) == list(range(8))
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_memory_is_not_reused_while_the_trainer_reads_it(numbered: list[str]) -> None:
+    """Each batch is read by a kernel queued behind a long sleep on the trainer's stream;
+    meanwhile the bridge copies more batches. Wrong stream protection (no record_stream,
+    or staging reused early) shows up as corrupted sums."""
+    sums = []
+    with Loader(
+        numbered * 3, batch_size=3, decode=decode_number, num_workers=2, device="cuda", prefetch=4
+    ) as loader:
+        for batch in loader:
+            torch.cuda._sleep(20_000_000)
+            sums.append(batch.sum())
+            del batch
+        got = [int(s) for s in torch.stack(sums).cpu()]
+    values = list(range(37)) * 3
+    assert got == [sum(values[i : i + 3]) for i in range(0, len(values), 3)]
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_staging_buffers_are_reused(numbered: list[str]) -> None:
+    paths = (numbered * 11)[:400]
+    with Loader(paths, batch_size=4, decode=decode_number, num_workers=2, device="cuda") as loader:
+        n = sum(1 for _ in loader)
+        runtime = loader._runtime
+        assert runtime is not None
+        assert n == 100
+        assert runtime.copier.pool.allocated <= 4, runtime.copier.pool.allocated
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_bridge_thread_uses_the_loader_device(numbered: list[str]) -> None:
+    last = torch.cuda.device_count() - 1
+    with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, device=f"cuda:{last}") as loader:
+        batch = next(iter(loader))
+        assert batch.device == torch.device("cuda", last)
+        assert loader._runtime is not None and loader._runtime.copier.thread_device == last
+        for other in range(torch.cuda.device_count()):
+            if other != last:  # no stray context or allocation on another GPU
+                assert torch.cuda.memory_reserved(other) == 0

@@ -1,0 +1,162 @@
+"""Lifecycle: what a loader starts, and that close, garbage collection and interpreter exit
+stop all of it. The autouse ``no_leaks`` fixture checks every test here too."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+from helpers import decode_number, flatten
+
+from aioloader import Loader
+from aioloader.loader import State
+
+
+def _aioloader_threads() -> set[str]:
+    return {t.name.split("_")[0] for t in threading.enumerate() if t.name.startswith("aioloader-")}
+
+
+def test_start_starts_everything_and_close_joins_it(numbered: list[str]) -> None:
+    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=2, io_concurrency=3)
+    assert loader.state is State.IDLE and not _aioloader_threads()
+    with loader:
+        assert loader.state is State.STARTED
+        assert {"aioloader-loop", "aioloader-transfer"} <= _aioloader_threads()
+        runtime = loader._runtime
+        assert runtime is not None and runtime.pool is not None
+        next(iter(loader))
+        pids = runtime.pool.pids()
+        assert len(pids) == 2
+        assert any(t.startswith("aioloader-io") for t in _aioloader_threads())
+    assert loader.state is State.CLOSED
+    assert not _aioloader_threads()
+    for pid in pids:
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+        )
+
+
+def test_workers_persist_across_epochs(numbered: list[str]) -> None:
+    with Loader(numbered, batch_size=8, decode=decode_number, num_workers=2) as loader:
+        list(loader)
+        assert loader._runtime is not None and loader._runtime.pool is not None
+        first = sorted(loader._runtime.pool.pids())
+        list(loader)
+        assert sorted(loader._runtime.pool.pids()) == first
+
+
+def test_garbage_collection_without_close_stops_everything(numbered: list[str]) -> None:
+    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=2)
+    it = iter(loader)
+    next(it)  # mid-epoch, work in flight
+    ref = weakref.ref(loader)
+    del it, loader
+    gc.collect()
+    assert ref() is None
+    assert not _aioloader_threads()
+
+
+def test_interleaved_loaders(numbered: list[str]) -> None:
+    with (
+        Loader(numbered, batch_size=4, decode=decode_number, num_workers=1) as a,
+        Loader(numbered[::-1], batch_size=4, decode=decode_number, num_workers=1) as b,
+    ):
+        pairs = list(zip(a, b, strict=True))
+        with Loader(numbered[:8], batch_size=4, decode=decode_number, num_workers=1) as inner:
+            nested = [flatten(list(inner)) for _ in range(2)]
+    assert flatten([p[0] for p in pairs]) == list(range(37))
+    assert flatten([p[1] for p in pairs]) == list(range(36, -1, -1))
+    assert nested == [list(range(8))] * 2
+
+
+@pytest.mark.asyncio
+async def test_sync_for_inside_a_running_event_loop(numbered: list[str]) -> None:
+    """As in a notebook: the engine has its own loop, so a plain ``for`` works here."""
+    with Loader(numbered, batch_size=10, decode=decode_number, num_workers=1) as loader:
+        assert sorted(flatten(list(loader))) == list(range(37))
+
+
+@pytest.mark.asyncio
+async def test_interleaved_async_loaders(numbered: list[str]) -> None:
+    async with (
+        Loader(numbered, batch_size=4, decode=decode_number, num_workers=1) as a,
+        Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, shuffle=True) as b,
+    ):
+        ia, ib = aiter(a), aiter(b)
+        got_a: list[object] = []
+        got_b: list[object] = []
+        for _ in range(len(a)):
+            got_a.append(await anext(ia))
+            got_b.append(await anext(ib))
+    assert flatten(got_a) == list(range(37))
+    assert sorted(flatten(got_b)) == list(range(37))
+
+
+def test_close_from_another_thread_wakes_the_consumer(numbered: list[str]) -> None:
+    from helpers import SlowDecode
+
+    from aioloader import LoaderClosedError
+
+    loader = Loader(numbered, batch_size=4, decode=SlowDecode(0.5), num_workers=1)
+    it = iter(loader)
+    timer = threading.Timer(0.2, loader.close)
+    timer.start()
+    with pytest.raises(LoaderClosedError):
+        next(it)
+    timer.join()
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from helpers import SlowDecode
+import aioloader
+
+if __name__ == "__main__":
+    loader = aioloader.Loader({paths!r}, batch_size=2, decode=SlowDecode(0.05), num_workers=2)
+    it = iter(loader)
+    next(it)
+    print("left open", flush=True)
+    # no close: interpreter exit must stop the loop, the bridge and the workers
+"""
+
+
+def test_interpreter_exit_with_an_open_loader(numbered: list[str], tmp_path: Path) -> None:
+    script = tmp_path / "open_at_exit.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(tests=os.path.dirname(__file__), paths=numbered)))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "left open" in out
+    assert "Traceback" not in err, err
+    # No orphan: nothing of that session outlives its parent for long (the fork server and
+    # resource tracker exit when they see their pipe to the parent close).
+    deadline = time.monotonic() + 5
+    while True:
+        survivors = subprocess.run(
+            ["pgrep", "-s", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        if not survivors or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert survivors == []
