@@ -12,6 +12,7 @@ from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import write_numbered_files
 
 from aioloader.synthetic import make_image_folder
@@ -26,6 +27,11 @@ def _process_wide_helpers() -> None:
     if mp_context().get_start_method() == "forkserver":
         forkserver.ensure_running()
     resource_tracker.ensure_running()
+    if torch.cuda.is_available():  # the CUDA context's own fds, made once per process
+        torch.zeros(1, device="cuda")
+        torch.empty(1, pin_memory=True)
+        torch.cuda.Event().record(torch.cuda.Stream())
+        torch.cuda.synchronize()
     try:
         import uvloop
     except ImportError:

@@ -101,7 +101,9 @@ def test_pinned_pool_evicts_other_sizes_at_the_bound() -> None:
 
 
 def test_nested_batches_through_the_bridge_in_order(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=4, decode=nested_decode, num_workers=2, device="cpu") as loader:
+    with Loader(
+        numbered, shuffle=False, batch_size=4, decode=nested_decode, num_workers=2, device="cpu"
+    ) as loader:
         batches = list(loader)
     assert [int(v) for b in batches for v in b["x"][:, 0, 0]] == list(range(37))
     first = batches[0]
@@ -140,7 +142,9 @@ def test_cuda_batches_equal_cpu_batches_bit_for_bit(image_folder: Path) -> None:
 @cuda
 @pytest.mark.cuda
 def test_cuda_nested_structures(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=4, decode=nested_decode, num_workers=2, device="cuda") as loader:
+    with Loader(
+        numbered, shuffle=False, batch_size=4, decode=nested_decode, num_workers=2, device="cuda"
+    ) as loader:
         batches = list(loader)
     assert batches[0]["x"].is_cuda and batches[0]["t"][1][0].is_cuda
     assert batches[0]["meta"]["name"] == ["s0", "s1", "s2", "s3"]
@@ -152,7 +156,9 @@ def test_cuda_nested_structures(numbered: list[str]) -> None:
 def test_cuda_receive_does_not_synchronise_the_host(numbered: list[str]) -> None:
     """A long kernel queued on the trainer's stream is still running after a batch is
     received: the hand-off made the stream wait on an event, it did not block the host."""
-    with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, device="cuda") as loader:
+    with Loader(
+        numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1, device="cuda"
+    ) as loader:
         it = iter(loader)
         first = next(it)
         torch.cuda.synchronize()
@@ -173,7 +179,13 @@ def test_cuda_memory_is_not_reused_while_the_trainer_reads_it(numbered: list[str
     or staging reused early) shows up as corrupted sums."""
     sums = []
     with Loader(
-        numbered * 3, batch_size=3, decode=decode_number, num_workers=2, device="cuda", prefetch=4
+        numbered * 3,
+        shuffle=False,
+        batch_size=3,
+        decode=decode_number,
+        num_workers=2,
+        device="cuda",
+        prefetch=4,
     ) as loader:
         for batch in loader:
             torch.cuda._sleep(20_000_000)
@@ -188,7 +200,9 @@ def test_cuda_memory_is_not_reused_while_the_trainer_reads_it(numbered: list[str
 @pytest.mark.cuda
 def test_cuda_staging_buffers_are_reused(numbered: list[str]) -> None:
     paths = (numbered * 11)[:400]
-    with Loader(paths, batch_size=4, decode=decode_number, num_workers=2, device="cuda") as loader:
+    with Loader(
+        paths, shuffle=False, batch_size=4, decode=decode_number, num_workers=2, device="cuda"
+    ) as loader:
         n = sum(1 for _ in loader)
         runtime = loader._runtime
         assert runtime is not None
@@ -200,7 +214,9 @@ def test_cuda_staging_buffers_are_reused(numbered: list[str]) -> None:
 @pytest.mark.cuda
 def test_cuda_bridge_thread_uses_the_loader_device(numbered: list[str]) -> None:
     last = torch.cuda.device_count() - 1
-    with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, device=f"cuda:{last}") as loader:
+    with Loader(
+        numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1, device=f"cuda:{last}"
+    ) as loader:
         batch = next(iter(loader))
         assert batch.device == torch.device("cuda", last)
         assert loader._runtime is not None and loader._runtime.copier.thread_device == last

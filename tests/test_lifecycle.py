@@ -25,7 +25,9 @@ def _aioloader_threads() -> set[str]:
 
 
 def test_start_starts_everything_and_close_joins_it(numbered: list[str]) -> None:
-    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=2, io_concurrency=3)
+    loader = Loader(
+        numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=2, io_concurrency=3
+    )
     assert loader.state is State.IDLE and not _aioloader_threads()
     with loader:
         assert loader.state is State.STARTED
@@ -46,7 +48,7 @@ def test_start_starts_everything_and_close_joins_it(numbered: list[str]) -> None
 
 
 def test_workers_persist_across_epochs(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=8, decode=decode_number, num_workers=2) as loader:
+    with Loader(numbered, shuffle=False, batch_size=8, decode=decode_number, num_workers=2) as loader:
         list(loader)
         assert loader._runtime is not None and loader._runtime.pool is not None
         first = sorted(loader._runtime.pool.pids())
@@ -55,7 +57,7 @@ def test_workers_persist_across_epochs(numbered: list[str]) -> None:
 
 
 def test_garbage_collection_without_close_stops_everything(numbered: list[str]) -> None:
-    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=2)
+    loader = Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=2)
     it = iter(loader)
     next(it)  # mid-epoch, work in flight
     ref = weakref.ref(loader)
@@ -67,11 +69,11 @@ def test_garbage_collection_without_close_stops_everything(numbered: list[str]) 
 
 def test_interleaved_loaders(numbered: list[str]) -> None:
     with (
-        Loader(numbered, batch_size=4, decode=decode_number, num_workers=1) as a,
-        Loader(numbered[::-1], batch_size=4, decode=decode_number, num_workers=1) as b,
+        Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1) as a,
+        Loader(numbered[::-1], shuffle=False, batch_size=4, decode=decode_number, num_workers=1) as b,
     ):
         pairs = list(zip(a, b, strict=True))
-        with Loader(numbered[:8], batch_size=4, decode=decode_number, num_workers=1) as inner:
+        with Loader(numbered[:8], shuffle=False, batch_size=4, decode=decode_number, num_workers=1) as inner:
             nested = [flatten(list(inner)) for _ in range(2)]
     assert flatten([p[0] for p in pairs]) == list(range(37))
     assert flatten([p[1] for p in pairs]) == list(range(36, -1, -1))
@@ -81,14 +83,14 @@ def test_interleaved_loaders(numbered: list[str]) -> None:
 @pytest.mark.asyncio
 async def test_sync_for_inside_a_running_event_loop(numbered: list[str]) -> None:
     """As in a notebook: the engine has its own loop, so a plain ``for`` works here."""
-    with Loader(numbered, batch_size=10, decode=decode_number, num_workers=1) as loader:
+    with Loader(numbered, shuffle=False, batch_size=10, decode=decode_number, num_workers=1) as loader:
         assert sorted(flatten(list(loader))) == list(range(37))
 
 
 @pytest.mark.asyncio
 async def test_interleaved_async_loaders(numbered: list[str]) -> None:
     async with (
-        Loader(numbered, batch_size=4, decode=decode_number, num_workers=1) as a,
+        Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1) as a,
         Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, shuffle=True) as b,
     ):
         ia, ib = aiter(a), aiter(b)
@@ -106,7 +108,7 @@ def test_close_from_another_thread_wakes_the_consumer(numbered: list[str]) -> No
 
     from aioloader import LoaderClosedError
 
-    loader = Loader(numbered, batch_size=4, decode=SlowDecode(0.5), num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=4, decode=SlowDecode(0.5), num_workers=1)
     it = iter(loader)
     timer = threading.Timer(0.2, loader.close)
     timer.start()
@@ -122,7 +124,7 @@ from helpers import SlowDecode
 import aioloader
 
 if __name__ == "__main__":
-    loader = aioloader.Loader({paths!r}, batch_size=2, decode=SlowDecode(0.05), num_workers=2)
+    loader = aioloader.Loader({paths!r}, shuffle=False, batch_size=2, decode=SlowDecode(0.05), num_workers=2)
     it = iter(loader)
     next(it)
     print("left open", flush=True)

@@ -99,7 +99,9 @@ async def test_unordered_delivers_every_sample(numbered: list[str]) -> None:
 
 async def test_images_with_labels(image_folder: Path) -> None:
     ds = FileDataset.from_folder(image_folder)
-    async with Loader(ds, batch_size=8, decode=aioloader.ImageDecoder(32), num_workers=2) as loader:
+    async with Loader(
+        ds, shuffle=False, batch_size=8, decode=aioloader.ImageDecoder(32), num_workers=2
+    ) as loader:
         batches = await epoch(loader)
     images, labels = batches[0]
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32)
@@ -111,7 +113,7 @@ async def test_images_with_labels(image_folder: Path) -> None:
 
 
 async def test_raw_bytes_without_decode(numbered: list[str]) -> None:
-    async with Loader(numbered[:3], batch_size=3, decode=None) as loader:
+    async with Loader(numbered[:3], shuffle=False, batch_size=3, decode=None) as loader:
         (batch,) = await epoch(loader)
     assert batch == [b"sample-000000", b"sample-000001", b"sample-000002"]
 
@@ -131,7 +133,7 @@ async def test_augmentation_seeded_by_seed_epoch_index(numbered: list[str]) -> N
 
 
 async def test_stats(numbered: list[str]) -> None:
-    async with Loader(numbered, batch_size=10, decode=decode_number, num_workers=1) as loader:
+    async with Loader(numbered, shuffle=False, batch_size=10, decode=decode_number, num_workers=1) as loader:
         await epoch(loader)
         await epoch(loader)
         s = loader.stats
@@ -143,7 +145,7 @@ async def test_stats(numbered: list[str]) -> None:
 
 async def test_read_error_names_file_and_loader_stays_usable(tmp_path: Path, numbered: list[str]) -> None:
     paths = [*numbered[:5], str(tmp_path / "missing.txt"), *numbered[5:10]]
-    async with Loader(paths, batch_size=2, decode=decode_number, num_workers=1) as loader:
+    async with Loader(paths, shuffle=False, batch_size=2, decode=decode_number, num_workers=1) as loader:
         it = aiter(loader)
         assert flatten([await anext(it), await anext(it)]) == [0, 1, 2, 3]
         with pytest.raises(ReadError) as info:
@@ -161,13 +163,15 @@ async def test_read_error_names_file_and_loader_stays_usable(tmp_path: Path, num
 async def test_empty_file_is_a_read_error(tmp_path: Path) -> None:
     empty = tmp_path / "empty.bin"
     empty.write_bytes(b"")
-    async with Loader([empty], batch_size=1, decode=decode_number, num_workers=1) as loader:
+    async with Loader([empty], shuffle=False, batch_size=1, decode=decode_number, num_workers=1) as loader:
         with pytest.raises(ReadError, match="empty file"):
             await epoch(loader)
 
 
 async def test_decode_error_keeps_cause_and_worker_traceback(numbered: list[str]) -> None:
-    async with Loader(numbered, batch_size=4, decode=FailOn({9}, KeyError), num_workers=2) as loader:
+    async with Loader(
+        numbered, shuffle=False, batch_size=4, decode=FailOn({9}, KeyError), num_workers=2
+    ) as loader:
         with pytest.raises(DecodeError) as info:
             await epoch(loader)
         err = info.value
@@ -181,7 +185,7 @@ async def test_decode_error_keeps_cause_and_worker_traceback(numbered: list[str]
 async def test_skip_counts_and_warns_once(numbered: list[str], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="aioloader")
     async with Loader(
-        numbered, batch_size=5, decode=FailOn({3, 20}), on_error="skip", num_workers=2
+        numbered, shuffle=False, batch_size=5, decode=FailOn({3, 20}), on_error="skip", num_workers=2
     ) as loader:
         got = flatten(await epoch(loader))
         got2 = flatten(await epoch(loader))
@@ -194,6 +198,7 @@ async def test_skip_counts_and_warns_once(numbered: list[str], caplog: pytest.Lo
 async def test_max_failures_gives_up(numbered: list[str]) -> None:
     async with Loader(
         numbered,
+        shuffle=False,
         batch_size=5,
         decode=FailOn(set(range(0, 37, 2))),
         on_error="skip",
@@ -205,7 +210,9 @@ async def test_max_failures_gives_up(numbered: list[str]) -> None:
 
 
 async def test_break_then_next_epoch_is_complete(numbered: list[str]) -> None:
-    async with Loader(numbered, batch_size=2, decode=SlowDecode(0.01), num_workers=2, prefetch=1) as loader:
+    async with Loader(
+        numbered, shuffle=False, batch_size=2, decode=SlowDecode(0.01), num_workers=2, prefetch=1
+    ) as loader:
         i = 0
         async for _ in loader:
             i += 1
@@ -215,7 +222,7 @@ async def test_break_then_next_epoch_is_complete(numbered: list[str]) -> None:
 
 
 async def test_new_iteration_supersedes_the_old(numbered: list[str]) -> None:
-    async with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1) as loader:
+    async with Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1) as loader:
         old = aiter(loader)
         await anext(old)
         new = aiter(loader)
@@ -228,7 +235,7 @@ async def test_exception_in_body_propagates_unchanged(numbered: list[str]) -> No
     class Boom(Exception):
         pass
 
-    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1)
     with pytest.raises(Boom, match="from the training loop"):
         async with loader:
             async for _ in loader:
@@ -237,7 +244,7 @@ async def test_exception_in_body_propagates_unchanged(numbered: list[str]) -> No
 
 
 async def test_iterate_after_close(numbered: list[str]) -> None:
-    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1)
     async with loader:
         await epoch(loader)
     await loader.aclose()
@@ -249,7 +256,7 @@ async def test_iterate_after_close(numbered: list[str]) -> None:
 
 
 async def test_close_while_iterating_raises_closed(numbered: list[str]) -> None:
-    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1)
     it = aiter(loader)
     await anext(it)
     await loader.aclose()
@@ -258,7 +265,7 @@ async def test_close_while_iterating_raises_closed(numbered: list[str]) -> None:
 
 
 async def test_lazy_start_without_with(numbered: list[str]) -> None:
-    loader = Loader(numbered, batch_size=8, decode=decode_number, num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=8, decode=decode_number, num_workers=1)
     assert loader.state.value == "idle"
     assert sorted(flatten(await epoch(loader))) == list(range(37))
     assert loader.state.value == "started"
@@ -282,7 +289,9 @@ async def test_caller_loop_is_never_blocked(numbered: list[str]) -> None:
 
     tick = asyncio.create_task(ticker())
     # Each batch takes ~0.6 s to decode: a blocking front-end would stall the ticker that long.
-    async with Loader(numbered[:6], batch_size=3, decode=SlowDecode(0.3), num_workers=1) as loader:
+    async with Loader(
+        numbered[:6], shuffle=False, batch_size=3, decode=SlowDecode(0.3), num_workers=1
+    ) as loader:
         batches = await epoch(loader)
     stop.set()
     await tick

@@ -93,7 +93,7 @@ def test_unordered_delivers_every_sample(numbered: list[str]) -> None:
 
 def test_images_with_labels(image_folder: Path) -> None:
     ds = FileDataset.from_folder(image_folder)
-    with Loader(ds, batch_size=8, decode=aioloader.ImageDecoder(32), num_workers=2) as loader:
+    with Loader(ds, shuffle=False, batch_size=8, decode=aioloader.ImageDecoder(32), num_workers=2) as loader:
         batches = epoch(loader)
     images, labels = batches[0]
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32)
@@ -107,7 +107,7 @@ def test_images_with_labels(image_folder: Path) -> None:
 
 
 def test_raw_bytes_without_decode(numbered: list[str]) -> None:
-    with Loader(numbered[:3], batch_size=3, decode=None) as loader:
+    with Loader(numbered[:3], shuffle=False, batch_size=3, decode=None) as loader:
         (batch,) = epoch(loader)
     assert batch == [b"sample-000000", b"sample-000001", b"sample-000002"]
 
@@ -125,7 +125,7 @@ def test_augmentation_seeded_by_seed_epoch_index(numbered: list[str]) -> None:
 
 
 def test_stats(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=10, decode=decode_number, num_workers=1) as loader:
+    with Loader(numbered, shuffle=False, batch_size=10, decode=decode_number, num_workers=1) as loader:
         epoch(loader)
         epoch(loader)
         s = loader.stats
@@ -137,7 +137,7 @@ def test_stats(numbered: list[str]) -> None:
 
 def test_read_error_names_file_and_loader_stays_usable(tmp_path: Path, numbered: list[str]) -> None:
     paths = [*numbered[:5], str(tmp_path / "missing.txt"), *numbered[5:10]]
-    with Loader(paths, batch_size=2, decode=decode_number, num_workers=1) as loader:
+    with Loader(paths, shuffle=False, batch_size=2, decode=decode_number, num_workers=1) as loader:
         it = iter(loader)
         assert flatten([next(it), next(it)]) == [0, 1, 2, 3]
         with pytest.raises(ReadError) as info:
@@ -156,14 +156,14 @@ def test_empty_file_is_a_read_error(tmp_path: Path) -> None:
     empty = tmp_path / "empty.bin"
     empty.write_bytes(b"")
     with (
-        Loader([empty], batch_size=1, decode=decode_number, num_workers=1) as loader,
+        Loader([empty], shuffle=False, batch_size=1, decode=decode_number, num_workers=1) as loader,
         pytest.raises(ReadError, match="empty file"),
     ):
         epoch(loader)
 
 
 def test_decode_error_keeps_cause_and_worker_traceback(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=4, decode=FailOn({9}, KeyError), num_workers=2) as loader:
+    with Loader(numbered, shuffle=False, batch_size=4, decode=FailOn({9}, KeyError), num_workers=2) as loader:
         with pytest.raises(DecodeError) as info:
             epoch(loader)
         err = info.value
@@ -177,7 +177,9 @@ def test_decode_error_keeps_cause_and_worker_traceback(numbered: list[str]) -> N
 
 def test_skip_counts_and_warns_once(numbered: list[str], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="aioloader")
-    with Loader(numbered, batch_size=5, decode=FailOn({3, 20}), on_error="skip", num_workers=2) as loader:
+    with Loader(
+        numbered, shuffle=False, batch_size=5, decode=FailOn({3, 20}), on_error="skip", num_workers=2
+    ) as loader:
         got = flatten(epoch(loader))
         got2 = flatten(epoch(loader))
         stats = loader.stats
@@ -191,6 +193,7 @@ def test_max_failures_gives_up(numbered: list[str]) -> None:
     with (
         Loader(
             numbered,
+            shuffle=False,
             batch_size=5,
             decode=FailOn(set(range(0, 37, 2))),
             on_error="skip",
@@ -203,7 +206,9 @@ def test_max_failures_gives_up(numbered: list[str]) -> None:
 
 
 def test_break_then_next_epoch_is_complete(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=2, decode=SlowDecode(0.01), num_workers=2, prefetch=1) as loader:
+    with Loader(
+        numbered, shuffle=False, batch_size=2, decode=SlowDecode(0.01), num_workers=2, prefetch=1
+    ) as loader:
         for i, _ in enumerate(loader):
             if i == 2:
                 break
@@ -211,7 +216,7 @@ def test_break_then_next_epoch_is_complete(numbered: list[str]) -> None:
 
 
 def test_new_iteration_supersedes_the_old(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1) as loader:
+    with Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1) as loader:
         old = iter(loader)
         next(old)
         new = iter(loader)
@@ -224,7 +229,7 @@ def test_exception_in_body_propagates_unchanged(numbered: list[str]) -> None:
     class Boom(Exception):
         pass
 
-    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1)
     with pytest.raises(Boom, match="from the training loop"), loader:
         for _ in loader:
             raise Boom("from the training loop")
@@ -232,7 +237,7 @@ def test_exception_in_body_propagates_unchanged(numbered: list[str]) -> None:
 
 
 def test_iterate_after_close(numbered: list[str]) -> None:
-    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1)
     with loader:
         epoch(loader)
     loader.close()  # idempotent
@@ -243,7 +248,7 @@ def test_iterate_after_close(numbered: list[str]) -> None:
 
 
 def test_close_while_iterating_raises_closed(numbered: list[str]) -> None:
-    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1)
     it = iter(loader)
     next(it)
     loader.close()
@@ -252,7 +257,7 @@ def test_close_while_iterating_raises_closed(numbered: list[str]) -> None:
 
 
 def test_lazy_start_without_with(numbered: list[str]) -> None:
-    loader = Loader(numbered, batch_size=8, decode=decode_number, num_workers=1)
+    loader = Loader(numbered, shuffle=False, batch_size=8, decode=decode_number, num_workers=1)
     assert loader.state.value == "idle"
     assert sorted(flatten(epoch(loader))) == list(range(37))
     assert loader.state.value == "started"
