@@ -78,6 +78,7 @@ class LoaderConfig:
     pin_memory: bool
     on_error: OnError
     max_failures: int | float | None
+    read: Callable[[str], bytes] | None = None
 
     @classmethod
     def create(
@@ -97,11 +98,14 @@ class LoaderConfig:
         pin_memory: object,
         on_error: object,
         max_failures: object,
+        read: object = None,
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
         if decode is not None and not callable(decode):
             raise TypeError(f"decode={decode!r} must be callable (bytes -> sample) or None")
+        if read is not None and not callable(read):
+            raise TypeError(f"read={read!r} must be callable (path -> bytes) or None")
         if collate is not None and not callable(collate):
             raise TypeError(f"collate={collate!r} must be callable (list of samples -> batch)")
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("ordered", ordered)):
@@ -145,4 +149,5 @@ class LoaderConfig:
             pin_memory=pin,
             on_error=on_error,
             max_failures=max_failures,
+            read=read,
         )

@@ -76,6 +76,8 @@ class Loader:
             (counted in ``stats``, one ``aioloader`` WARNING per file).
         max_failures: with ``"skip"``, give up with a :class:`LoaderError` past this many
             failures (int) or this fraction of the samples seen (float).
+        read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
+            file (another store, or injected delays and faults); must be thread-safe.
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -101,6 +103,7 @@ class Loader:
         pin_memory: bool | None = None,
         on_error: OnError = "raise",
         max_failures: int | float | None = None,
+        read: Callable[[str], bytes] | None = None,
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -119,6 +122,7 @@ class Loader:
             pin_memory=pin_memory,
             on_error=on_error,
             max_failures=max_failures,
+            read=read,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset

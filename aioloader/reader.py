@@ -13,6 +13,7 @@ aiofiles runs blocking file calls on an executor. Two things make that scale:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aiofiles.os import wrap
@@ -26,19 +27,18 @@ def read_file(path: str) -> bytes:
         return f.readall()
 
 
-_read_file_async = wrap(read_file)
-
-
 class FileReader:
     """Reads files with at most ``io_concurrency`` reads in flight.
 
-    Created on any thread; :meth:`read` must be awaited on the loader's loop. ``close``
-    waits for reads already running (local reads are short; a hung read is bounded by the
-    loader's shutdown grace, not here).
+    ``read`` is the blocking ``path -> bytes`` function run on the I/O threads (default
+    :func:`read_file`; a custom one reads from another store, or injects faults and delays
+    in tests and benchmarks). Created on any thread; :meth:`read` must be awaited on the
+    loader's loop. ``close`` waits for reads already running.
     """
 
-    def __init__(self, io_concurrency: int) -> None:
+    def __init__(self, io_concurrency: int, read: Callable[[str], bytes] | None = None) -> None:
         self.io_concurrency = io_concurrency
+        self._read = wrap(read or read_file)
         self._pool = ThreadPoolExecutor(io_concurrency, thread_name_prefix="aioloader-io")
         self._sem: asyncio.Semaphore | None = None
 
@@ -47,7 +47,7 @@ class FileReader:
         if self._sem is None:  # created lazily so it binds to the loader's loop
             self._sem = asyncio.Semaphore(self.io_concurrency)
         async with self._sem:
-            data: bytes = await _read_file_async(path, executor=self._pool)
+            data: bytes = await self._read(path, executor=self._pool)
             return data
 
     def close(self) -> None:

@@ -106,7 +106,7 @@ class Runtime:
         self._lock = threading.Lock()
         self.config = config
         self.pool = DecodePool(config.decode, config.num_workers) if config.decode is not None else None
-        self.reader = FileReader(config.io_concurrency)
+        self.reader = FileReader(config.io_concurrency, config.read)
         self.collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
         self.loop_thread = EventLoopThread()
         self.engine = Engine(config, dataset, self.reader, self.pool, self.collate_pool, counters)
