@@ -1,29 +1,45 @@
 """Code that runs inside the decode worker processes.
 
-Kept apart from the engine so the worker's side of the protocol is one small file: the pool
-initialiser installs the user's ``decode`` once per process (so each task ships only the
-file's bytes and three integers), and :func:`run_decode` returns ``(True, sample)`` or
-``(False, (exception, traceback_text))`` instead of raising, so the parent always gets the
-worker's traceback and never an unpicklable exception.
+Kept apart from the engine so the worker's side of the protocol is one small file. The pool
+initialiser installs the user's ``decode`` (and the slab layout) once per process, so a task
+ships only offsets and a few integers. :func:`run_chunk` decodes several samples per task
+(one round trip amortised over the chunk), reads their bytes from the batch slab's input
+arena and writes each decoded sample into its row of the slab's output. It never raises:
+each sample's failure comes back as data with the worker's traceback, and an exception that
+cannot be pickled is replaced by one that can.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import signal
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["sample_rng", "worker_init", "run_decode"]
+__all__ = ["sample_rng", "worker_init", "run_chunk"]
 
 _decode: Callable[[bytes], Any] | None = None
+_shape: tuple[int, ...] | None = None
+_dtype: np.dtype[Any] | None = None
 # (seed, epoch, index) of the sample being decoded in this process.
 _context: tuple[int, int, int] | None = None
 _rng: np.random.Generator | None = None
+# Slabs this worker has mapped, most recent last. Bounded: a one-shot slab the parent has
+# unlinked is freed only once every process unmaps it.
+_maps: OrderedDict[str, mmap.mmap] = OrderedDict()
+_MAX_MAPS = 24
+
+#: A sample source: ``(offset, length)`` in the slab's input arena, or the bytes themselves.
+Source = tuple[int, int] | bytes
+#: Per-sample result: None (written into the slab), ``("value", sample)`` or
+#: ``("error", exception, traceback_text)``.
+Result = tuple[Any, ...] | None
 
 
 def sample_rng() -> np.random.Generator:
@@ -41,15 +57,16 @@ def sample_rng() -> np.random.Generator:
     return _rng
 
 
-def worker_init(decode: Callable[[bytes], Any]) -> None:
-    """Pool initialiser: install ``decode``; leave Ctrl-C to the parent."""
-    global _decode
+def worker_init(decode: Callable[[bytes], Any], shape: tuple[int, ...] | None, dtype: str | None) -> None:
+    """Pool initialiser: install ``decode`` and the slab's sample layout; leave Ctrl-C to
+    the parent."""
+    global _decode, _shape, _dtype
     # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group,
     # and workers that died of it would print tracebacks and break the pool mid-close.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # One decode per process at a time: intra-op threads would fight the other workers.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _decode = decode
+    _decode, _shape = decode, shape
+    _dtype = np.dtype(dtype) if dtype is not None else None
 
 
 def warm_up() -> int:
@@ -57,19 +74,70 @@ def warm_up() -> int:
     return os.getpid()
 
 
-def run_decode(data: bytes, seed: int, epoch: int, index: int) -> tuple[bool, Any]:
-    """Decode one sample with the installed function; never raises."""
+def _attach(path: str) -> mmap.mmap:
+    m = _maps.get(path)
+    if m is not None:
+        _maps.move_to_end(path)
+        return m
+    fd = os.open(path, os.O_RDWR)
+    try:
+        m = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+    _maps[path] = m
+    while len(_maps) > _MAX_MAPS:
+        _, old = _maps.popitem(last=False)
+        try:
+            old.close()
+        except BufferError:  # still viewed somewhere: garbage collection unmaps it
+            pass
+    return m
+
+
+def run_chunk(
+    slab: str | None, out_offset: int, items: list[tuple[int, int, Source]], seed: int, epoch: int
+) -> list[Result]:
+    """Decode ``items`` (``(row, dataset index, source)``); write fitting samples into row
+    ``row`` of the slab's output at ``out_offset``."""
+    m = _attach(slab) if slab is not None else None
+    results: list[Result] = []
+    for row, index, src in items:
+        if isinstance(src, tuple):
+            assert m is not None
+            data = m[src[0] : src[0] + src[1]]
+        else:
+            data = src
+        results.append(_decode_one(data, m, out_offset, row, seed, epoch, index))
+    return results
+
+
+def _decode_one(
+    data: bytes, m: mmap.mmap | None, out_offset: int, row: int, seed: int, epoch: int, index: int
+) -> Result:
     global _context, _rng
     _context, _rng = (seed, epoch, index), None
     try:
         assert _decode is not None, "worker_init did not run"
-        return True, _decode(data)
+        value = _decode(data)
+        if (
+            m is not None
+            and _shape is not None
+            and isinstance(value, np.ndarray)
+            and value.shape == _shape
+            and value.dtype == _dtype
+        ):
+            size = value.nbytes
+            dest = np.frombuffer(m, dtype=np.uint8, count=size, offset=out_offset + row * size)
+            dest[:] = value.reshape(-1).view(np.uint8)
+            del dest
+            return None
+        return ("value", value)  # does not fit the slab: pickled back instead
     except Exception as exc:  # noqa: BLE001 - every failure goes back as data
         text = traceback.format_exc()
         try:
             pickle.dumps(exc)
         except Exception:  # noqa: BLE001 - an exception that cannot cross the pipe
             exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
-        return False, (exc, text)
+        return ("error", exc, text)
     finally:
         _context, _rng = None, None

@@ -79,6 +79,7 @@ class LoaderConfig:
     on_error: OnError
     max_failures: int | float | None
     read: Callable[[str], bytes] | None = None
+    zero_copy: bool = True
 
     @classmethod
     def create(
@@ -99,6 +100,7 @@ class LoaderConfig:
         on_error: object,
         max_failures: object,
         read: object = None,
+        zero_copy: object = True,
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
@@ -108,7 +110,13 @@ class LoaderConfig:
             raise TypeError(f"read={read!r} must be callable (path -> bytes) or None")
         if collate is not None and not callable(collate):
             raise TypeError(f"collate={collate!r} must be callable (list of samples -> batch)")
-        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("ordered", ordered)):
+        flags = (
+            ("shuffle", shuffle),
+            ("drop_last", drop_last),
+            ("ordered", ordered),
+            ("zero_copy", zero_copy),
+        )
+        for name, flag in flags:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}={flag!r} must be True or False")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -150,4 +158,5 @@ class LoaderConfig:
             on_error=on_error,
             max_failures=max_failures,
             read=read,
+            zero_copy=bool(zero_copy),
         )

@@ -12,19 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+import torch
+
 from .collate import default_collate
 from .config import LoaderConfig
 from .dataset import FileDataset
 from .errors import DecodeError, LoaderError, ReadError, SampleError, WorkerCrashedError
 from .items import END, Batch, Failure, Item
-from .reader import FileReader
+from .reader import FileReader, Source
 from .sampler import EpochPlan
+from .slabs import Slab, SlabPool
 from .stats import Counters
 from .workers import DecodePool
 
@@ -35,10 +39,15 @@ T = TypeVar("T")
 
 
 class _Skipped:
-    """A sample left out under ``on_error="skip"``."""
+    """A sample left out under ``on_error="skip"`` (or not decoded yet)."""
+
+
+class _Wrote:
+    """A sample a worker wrote into its row of the batch slab."""
 
 
 SKIPPED = _Skipped()
+WROTE = _Wrote()
 
 
 class Engine:
@@ -50,6 +59,7 @@ class Engine:
         dataset: FileDataset,
         reader: FileReader,
         pool: DecodePool | None,
+        slabs: SlabPool | None,
         collate_pool: ThreadPoolExecutor,
         counters: Counters,
     ) -> None:
@@ -57,15 +67,22 @@ class Engine:
         self._ds = dataset
         self._reader = reader
         self._pool = pool
+        self._slabs = slabs
         self._collate_pool = collate_pool
         self._collate: Callable[[list[Any]], Any] = config.collate or default_collate
         self._counters = counters
         self._decode_sem: asyncio.Semaphore | None = None
         self._warned: set[str] = set()
         self._seen = 0  # samples attempted, for max_failures as a fraction
+        self._sizes = _SizeTracker(config.batch_size)
+        if slabs is not None:
+            slabs.want_input_capacity(self._sizes.arena_bytes())
         # Batches under construction: enough to keep every read slot busy, at least two so
         # the next batch starts while the current one finishes.
-        self.window = max(2, math.ceil(config.io_concurrency / config.batch_size) + 1)
+        self.window = window_size(config.io_concurrency, config.batch_size)
+        # Samples per decode task: one round trip to a worker is amortised over a chunk, and
+        # a batch still spreads over every worker (two chunks each).
+        self.chunk = chunk_size(config.batch_size, config.num_workers)
 
     async def produce(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
         """Put batches ``plan.start..len(plan)-1`` into ``out``, then ``END`` or a
@@ -73,10 +90,7 @@ class Engine:
         if self._decode_sem is None:
             self._decode_sem = asyncio.Semaphore(2 * self._cfg.num_workers)
         try:
-            if self._cfg.ordered:
-                await self._ordered(plan, out)
-            else:
-                await self._unordered(plan, out)
+            await self._run(plan, out)
         except LoaderError as exc:
             await out.put(Failure(exc))
         except Exception as exc:  # noqa: BLE001 - a bug of ours must still reach the trainer
@@ -86,7 +100,10 @@ class Engine:
         else:
             await out.put(END)
 
-    async def _ordered(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
+    async def _run(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
+        """Build up to ``window`` batches at once; deliver them in sampler order, or as they
+        finish with ``ordered=False`` (a batch waiting on one slow file does not hold back
+        the others)."""
         building: deque[asyncio.Task[Batch | None]] = deque()
         next_k = plan.start
         try:
@@ -94,48 +111,125 @@ class Engine:
                 while next_k < len(plan) and len(building) < self.window:
                     building.append(asyncio.ensure_future(self._batch(plan, next_k)))
                     next_k += 1
-                batch = await building[0]
-                building.popleft()
+                if self._cfg.ordered:
+                    task = building[0]
+                    await task
+                else:
+                    done, _ = await asyncio.wait(building, return_when=asyncio.FIRST_COMPLETED)
+                    task = min(done, key=building.index)
+                building.remove(task)
+                batch = task.result()
                 if batch is not None:
                     await out.put(batch)
         finally:
             await _cancel(building)
 
-    async def _unordered(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
-        """Samples join batches in the order they finish: a slow file delays only itself."""
-        bs = plan.batch_size
-        todo = iter(plan.indices[plan.start * bs :].tolist())
-        running: set[asyncio.Task[Any]] = set()
-        ready: list[Any] = []
-        k = plan.start
-        try:
-            while True:
-                for index in todo:
-                    running.add(asyncio.ensure_future(self._sample(plan.epoch, index)))
-                    if len(running) >= self.window * bs:
-                        break
-                if not running:
-                    break
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    sample = task.result()
-                    if sample is not SKIPPED:
-                        ready.append(sample)
-                    if len(ready) == bs:
-                        await out.put(await self._collate_batch(k, ready))
-                        k, ready = k + 1, []
-            if ready:
-                await out.put(await self._collate_batch(k, ready))
-        finally:
-            await _cancel(running)
-
     async def _batch(self, plan: EpochPlan, k: int) -> Batch | None:
-        indices = plan.batch(k).tolist()
-        samples = await _gather_or_cancel(self._sample(plan.epoch, i) for i in indices)
-        kept = [s for s in samples if s is not SKIPPED]
+        """Read, decode and assemble batch ``k``."""
+        indices: list[int] = plan.batch(k).tolist()
+        slab = self._slabs.acquire() if self._slabs is not None else None
+        try:
+            results: list[Any] = [SKIPPED] * len(indices)
+            rows = range(len(indices))
+            await _gather_or_cancel(
+                self._chunk(plan.epoch, slab, indices, rows[i : i + self.chunk], results)
+                for i in range(0, len(indices), self.chunk)
+            )
+            if self._slabs is not None:
+                self._slabs.want_input_capacity(self._sizes.arena_bytes())
+            batch, slab = await self._assemble(k, indices, results, slab)
+            return batch
+        finally:
+            if slab is not None:
+                self._slabs.release(slab)  # type: ignore[union-attr]
+
+    async def _chunk(
+        self, epoch: int, slab: Slab | None, indices: list[int], rows: range, results: list[Any]
+    ) -> None:
+        """Read the files of ``rows`` concurrently, then decode them in one worker task."""
+        sources = await _gather_or_cancel(self._read(indices[r], slab) for r in rows)
+        items = [
+            (r, indices[r], src)
+            for r, src in zip(rows, sources, strict=True)
+            if not isinstance(src, _Skipped)
+        ]
+        if not items:
+            return
+        if self._pool is None:  # decode=None: the sample is the file's bytes
+            for r, _, src in items:
+                results[r] = src
+            return
+        assert self._decode_sem is not None
+        slab_path = slab.path if slab is not None else None
+        out_offset = slab.out_offset if slab is not None else 0
+        async with self._decode_sem:
+            try:
+                outcome = await asyncio.wrap_future(
+                    self._pool.submit(slab_path, out_offset, items, self._cfg.seed, epoch)
+                )
+            except BrokenProcessPool as exc:
+                paths = ", ".join(repr(self._ds.path(i)) for _, i, _ in items)
+                raise WorkerCrashedError(f"a decode worker process died while decoding {paths}") from exc
+        for (r, index, _), res in zip(items, outcome, strict=True):
+            if res is None:
+                results[r] = WROTE
+            elif res[0] == "value":
+                results[r] = res[1]
+            else:
+                _, cause, text = res
+                path = self._ds.path(index)
+                err = DecodeError(
+                    f"decode failed: {type(cause).__name__}: {cause}\n--- worker traceback ---\n{text}",
+                    path=path,
+                    index=index,
+                )
+                err.worker_traceback = text
+                results[r] = self._failed(err, cause)
+
+    async def _read(self, index: int, slab: Slab | None) -> Source | _Skipped:
+        path = self._ds.path(index)
+        self._seen += 1
+        try:
+            if slab is not None and self._pool is not None:
+                src: Source = await self._reader.read_into(path, slab.arena)
+            else:
+                src = await self._reader.read(path)
+        except OSError as exc:
+            err = ReadError(f"cannot read file: {exc.strerror or exc}", path=path, index=index)
+            return self._failed(err, exc)
+        size = src[1] if isinstance(src, tuple) else len(src)
+        if size == 0:
+            return self._failed(ReadError("empty file", path=path, index=index), None)
+        self._counters.add_bytes(size)
+        self._sizes.add(size)
+        return src
+
+    async def _assemble(
+        self, k: int, indices: list[int], results: list[Any], slab: Slab | None
+    ) -> tuple[Batch | None, Slab | None]:
+        """The batch from decoded rows; returns the slab too unless the batch now owns it."""
+        kept = [r for r, res in enumerate(results) if res is not SKIPPED]
         if not kept:
-            return None
-        return await self._collate_batch(k, kept)
+            return None, slab
+        labels = self._ds.labels
+        label_tensor = None if labels is None else torch.from_numpy(labels[[indices[r] for r in kept]])
+        if slab is not None and all(results[r] is WROTE for r in kept) and self._cfg.collate is None:
+            if len(kept) == len(results) and self._cfg.zero_copy:
+                array = slab.output(len(kept))
+                # The slab is free again once the last tensor viewing it is garbage.
+                weakref.finalize(array, self._slabs.release, slab)  # type: ignore[union-attr]
+                slab = None
+            else:
+                array = slab.output(len(results))[kept]  # a copy: the slab is free at once
+            images = torch.from_numpy(array)
+            value = images if label_tensor is None else (images, label_tensor)
+            return Batch(index=k, value=value, size=len(kept)), slab
+        rows = slab.output(len(results)) if slab is not None and slab.spec.shape is not None else None
+        # Rows written into the slab are copied out: the slab goes back once collated.
+        samples = [rows[r].copy() if rows is not None and results[r] is WROTE else results[r] for r in kept]
+        if label_tensor is not None:
+            samples = [(s, int(lbl)) for s, lbl in zip(samples, label_tensor.tolist(), strict=True)]
+        return await self._collate_batch(k, samples), slab
 
     async def _collate_batch(self, k: int, samples: list[Any]) -> Batch:
         loop = asyncio.get_running_loop()
@@ -144,44 +238,6 @@ class Engine:
         except Exception as exc:
             raise LoaderError(f"collate failed for batch {k}: {type(exc).__name__}: {exc}") from exc
         return Batch(index=k, value=value, size=len(samples))
-
-    async def _sample(self, epoch: int, index: int) -> Any:
-        """Read and decode one sample: ``decoded`` or ``(decoded, label)``, or SKIPPED."""
-        path = self._ds.path(index)
-        self._seen += 1
-        try:
-            data = await self._reader.read(path)
-        except OSError as exc:
-            return self._failed(
-                ReadError(f"cannot read file: {exc.strerror or exc}", path=path, index=index), exc
-            )
-        if not data:
-            return self._failed(ReadError("empty file", path=path, index=index), None)
-        self._counters.add_bytes(len(data))
-        decoded: Any = data
-        if self._pool is not None:
-            assert self._decode_sem is not None
-            async with self._decode_sem:
-                try:
-                    ok, payload = await asyncio.wrap_future(
-                        self._pool.submit(data, self._cfg.seed, epoch, index)
-                    )
-                except BrokenProcessPool as exc:
-                    raise WorkerCrashedError(
-                        f"a decode worker process died while sample {index} ({path!r}) was in flight"
-                    ) from exc
-            if not ok:
-                cause, text = payload
-                err = DecodeError(
-                    f"decode failed: {type(cause).__name__}: {cause}\n--- worker traceback ---\n{text}",
-                    path=path,
-                    index=index,
-                )
-                err.worker_traceback = text
-                return self._failed(err, cause)
-            decoded = payload
-        label = self._ds.label(index)
-        return decoded if label is None else (decoded, label)
 
     def _failed(self, err: SampleError, cause: BaseException | None) -> _Skipped:
         """Raise ``err`` (``on_error="raise"``) or count and skip the sample."""
@@ -203,6 +259,34 @@ class Engine:
                     f"last: {err}"
                 ) from err
         return SKIPPED
+
+
+def window_size(io_concurrency: int, batch_size: int) -> int:
+    """Batches built at once: enough samples in flight to use every read slot, at least 2."""
+    return max(2, math.ceil(io_concurrency / batch_size) + 1)
+
+
+def chunk_size(batch_size: int, num_workers: int) -> int:
+    """Samples per decode task: a batch split into about two tasks per worker, at most 32."""
+    return max(1, min(32, math.ceil(batch_size / (2 * num_workers))))
+
+
+class _SizeTracker:
+    """Running mean of file sizes, to size the slabs' input arenas (+50% headroom)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.total = 0
+        self.count = 0
+
+    def add(self, size: int) -> None:
+        self.total += size
+        self.count += 1
+
+    def arena_bytes(self) -> int:
+        mean = self.total / self.count if self.count else 128 * 1024
+        per_sample = int(mean * 1.5) + 4096
+        return -(-self.batch_size * per_sample // 65536) * 65536  # whole 64 KiB
 
 
 async def _gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:

@@ -78,6 +78,10 @@ class Loader:
             failures (int) or this fraction of the samples seen (float).
         read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
             file (another store, or injected delays and faults); must be thread-safe.
+        zero_copy: with a decoder of fixed output shape (``ImageDecoder``) and the default
+            collate, workers decode straight into shared-memory batch slabs and the batch
+            tensor *is* the slab, recycled once the last reference to the batch is dropped.
+            False copies each batch out into ordinary memory (the slab is reused at once).
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -104,6 +108,7 @@ class Loader:
         on_error: OnError = "raise",
         max_failures: int | float | None = None,
         read: Callable[[str], bytes] | None = None,
+        zero_copy: bool = True,
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -123,6 +128,7 @@ class Loader:
             on_error=on_error,
             max_failures=max_failures,
             read=read,
+            zero_copy=zero_copy,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset

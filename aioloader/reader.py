@@ -13,18 +13,56 @@ aiofiles runs blocking file calls on an executor. Two things make that scale:
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from aiofiles.os import wrap
 
+from .slabs import Arena
+
 __all__ = ["FileReader", "read_file"]
+
+#: Where a sample's bytes are: ``(offset, length)`` in a slab's input arena, or the bytes.
+Source = tuple[int, int] | bytes
 
 
 def read_file(path: str) -> bytes:
     """Read a whole file with one open and, for a stable file, one read call."""
     with open(path, "rb", buffering=0) as f:
         return f.readall()
+
+
+def _read_into(path: str, arena: Arena) -> Source:
+    """Read ``path`` straight into ``arena`` (no intermediate bytes object); the bytes
+    themselves when it does not fit or changed size while being read."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        off = arena.alloc(size) if size > 0 else None
+        if off is None:
+            return f.readall()
+        view = arena.buf[off : off + size]
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        if got < size or f.read(1):  # shrank or grew under us: take what is there now
+            f.seek(0)
+            return f.readall()
+        return (off, size)
+
+
+def _store(read: Callable[[str], bytes], path: str, arena: Arena) -> Source:
+    """Run a custom ``read`` and put its bytes into ``arena`` when they fit."""
+    data = read(path)
+    off = arena.alloc(len(data)) if data else None
+    if off is None:
+        return data
+    arena.buf[off : off + len(data)] = data
+    return (off, len(data))
 
 
 class FileReader:
@@ -39,6 +77,7 @@ class FileReader:
     def __init__(self, io_concurrency: int, read: Callable[[str], bytes] | None = None) -> None:
         self.io_concurrency = io_concurrency
         self._read = wrap(read or read_file)
+        self._read_into = wrap(_read_into) if read is None else wrap(partial(_store, read))
         self._pool = ThreadPoolExecutor(io_concurrency, thread_name_prefix="aioloader-io")
         self._sem: asyncio.Semaphore | None = None
 
@@ -49,6 +88,14 @@ class FileReader:
         async with self._sem:
             data: bytes = await self._read(path, executor=self._pool)
             return data
+
+    async def read_into(self, path: str, arena: Arena) -> Source:
+        """Like :meth:`read`, but into ``arena`` when the file fits (one executor hop)."""
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.io_concurrency)
+        async with self._sem:
+            src: Source = await self._read_into(path, arena, executor=self._pool)
+            return src
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

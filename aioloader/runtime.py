@@ -21,9 +21,10 @@ from .bridge import Bridge, Run
 from .config import LoaderConfig
 from .dataset import FileDataset
 from .device import DeviceCopier
-from .engine import Engine
+from .engine import Engine, window_size
 from .reader import FileReader
 from .sampler import EpochPlan
+from .slabs import SlabPool, slab_spec_for
 from .stats import Counters
 from .workers import DecodePool
 
@@ -105,11 +106,20 @@ class Runtime:
         self._closed = False
         self._lock = threading.Lock()
         self.config = config
-        self.pool = DecodePool(config.decode, config.num_workers) if config.decode is not None else None
+        spec = slab_spec_for(config.decode, config.collate, config.batch_size)
+        self.pool = None
+        if config.decode is not None:
+            shape = spec.shape if spec is not None else None
+            dtype = spec.dtype.str if spec is not None and shape is not None else None
+            self.pool = DecodePool(config.decode, config.num_workers, shape, dtype)
+        # Enough slabs for every batch the pipeline itself holds: under construction, queued,
+        # in the bridge, in the hand-off, and the one the trainer is using.
+        pooled = window_size(config.io_concurrency, config.batch_size) + config.prefetch + 3
+        self.slabs = SlabPool(spec, pooled, 0) if spec is not None else None
         self.reader = FileReader(config.io_concurrency, config.read)
         self.collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
         self.loop_thread = EventLoopThread()
-        self.engine = Engine(config, dataset, self.reader, self.pool, self.collate_pool, counters)
+        self.engine = Engine(config, dataset, self.reader, self.pool, self.slabs, self.collate_pool, counters)
         self.copier = DeviceCopier(config.device, config.pin_memory)
         self.bridge = Bridge(self.copier)
         self.run: Run | None = None
@@ -165,3 +175,5 @@ class Runtime:
             self.pool.close(grace)
         self.reader.close()
         self.collate_pool.shutdown(wait=True, cancel_futures=True)
+        if self.slabs is not None:
+            self.slabs.close()

@@ -44,10 +44,19 @@ class DecodePool:
     a hung task forever.
     """
 
-    def __init__(self, decode: Callable[[bytes], Any], num_workers: int) -> None:
+    def __init__(
+        self,
+        decode: Callable[[bytes], Any],
+        num_workers: int,
+        shape: tuple[int, ...] | None = None,
+        dtype: str | None = None,
+    ) -> None:
         self.num_workers = num_workers
         self._executor = ProcessPoolExecutor(
-            num_workers, mp_context=mp_context(), initializer=_worker.worker_init, initargs=(decode,)
+            num_workers,
+            mp_context=mp_context(),
+            initializer=_worker.worker_init,
+            initargs=(decode, shape, dtype),
         )
         # The executor starts a process per submitted task while none is idle: one no-op per
         # worker starts them all now, in parallel with the first reads.
@@ -57,8 +66,16 @@ class DecodePool:
     def executor(self) -> ProcessPoolExecutor:
         return self._executor
 
-    def submit(self, data: bytes, seed: int, epoch: int, index: int) -> Future[tuple[bool, Any]]:
-        return self._executor.submit(_worker.run_decode, data, seed, epoch, index)
+    def submit(
+        self,
+        slab: str | None,
+        out_offset: int,
+        items: list[tuple[int, int, _worker.Source]],
+        seed: int,
+        epoch: int,
+    ) -> Future[list[_worker.Result]]:
+        """Decode a chunk of samples in one task (see :func:`aioloader._worker.run_chunk`)."""
+        return self._executor.submit(_worker.run_chunk, slab, out_offset, items, seed, epoch)
 
     def pids(self) -> list[int]:
         procs = getattr(self._executor, "_processes", None) or {}

@@ -83,14 +83,23 @@ def _fds() -> set[str]:
     return out
 
 
+def _segments() -> set[str]:
+    """aioloader's shared-memory segments in /dev/shm."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")}
+    except FileNotFoundError:
+        return set()
+
+
 def _threads() -> set[str]:
     return {f"{t.name}#{t.ident}" for t in threading.enumerate()}
 
 
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail a test that leaves a thread, a child process or a file descriptor behind."""
-    before = (_threads(), _descendants(), _fds())
+    """Fail a test that leaves a thread, a child process, a file descriptor or a
+    shared-memory segment behind."""
+    before = (_threads(), _descendants(), _fds(), _segments())
     yield
     if request.node.get_closest_marker("allow_leaks"):
         return
@@ -100,7 +109,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         threads = _threads() - before[0]
         procs = _descendants() - before[1]
         fds = {fd for fd in _fds() - before[2] if "/dev/pts" not in fd}
-        if not (threads or procs or fds) or time.monotonic() > deadline:
+        segments = _segments() - before[3]
+        if not (threads or procs or fds or segments) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     problems = []
@@ -110,6 +120,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         problems.append(f"child processes: {sorted(procs)}")
     if fds:
         problems.append(f"file descriptors: {sorted(fds)}")
+    if segments:
+        problems.append(f"shared-memory segments: {sorted(segments)}")
     if problems:
         pytest.fail("leaked after the test: " + "; ".join(problems))
 
