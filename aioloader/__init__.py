@@ -3,12 +3,17 @@
 Files are read concurrently on an asyncio event loop, decoded in worker processes, collated
 into batches held in a bounded queue and copied to the device by a bridging thread, so a
 training step costs ``max(T_load, T_train)`` instead of their sum. See ``Loader``.
+
+The names that need torch (``Loader``, ``default_collate``) are imported on first use: the
+decode workers import this package to run ``ImageDecoder`` and ``sample_rng``, and without
+torch they start in a fraction of the time and memory.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._worker import sample_rng
-from .collate import default_collate
 from .dataset import IMAGE_EXTENSIONS, FileDataset
 from .decode import ImageDecoder
 from .errors import (
@@ -20,8 +25,11 @@ from .errors import (
     SampleError,
     WorkerCrashedError,
 )
-from .loader import Loader
 from .stats import LoaderStats
+
+if TYPE_CHECKING:
+    from .collate import default_collate
+    from .loader import Loader
 
 __version__ = "0.1.0"
 
@@ -42,3 +50,19 @@ __all__ = [
     "default_collate",
     "sample_rng",
 ]
+
+_LAZY = {"Loader": ".loader", "default_collate": ".collate"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'aioloader' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
