@@ -135,7 +135,7 @@ def _decode_one(
     except Exception as exc:  # noqa: BLE001 - every failure goes back as data
         text = traceback.format_exc()
         try:
-            pickle.dumps(exc)
+            pickle.loads(pickle.dumps(exc))  # both ways: the parent must rebuild it too
         except Exception:  # noqa: BLE001 - an exception that cannot cross the pipe
             exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
         return ("error", exc, text)

@@ -39,14 +39,8 @@ def default_collate(samples: list[Any]) -> Any:
         if first.dtype.kind in "OUSV":
             raise TypeError(f"cannot collate numpy arrays of dtype {first.dtype}")
         return torch.from_numpy(np.stack(samples))
-    if isinstance(first, bool):
-        return torch.tensor(samples, dtype=torch.bool)
-    if isinstance(first, np.generic):
-        return torch.from_numpy(np.asarray(samples))
-    if isinstance(first, numbers.Integral):
-        return torch.tensor(samples, dtype=torch.int64)
-    if isinstance(first, numbers.Real):
-        return torch.tensor(samples, dtype=torch.float64)
+    if isinstance(first, (numbers.Number, np.generic)) and not isinstance(first, complex):
+        return _numbers(samples)
     if first is None or isinstance(first, (str, bytes)):
         return list(samples)
     if isinstance(first, cabc.Mapping):
@@ -59,6 +53,21 @@ def default_collate(samples: list[Any]) -> Any:
             return type(first)(*columns)
         return tuple(columns) if isinstance(first, tuple) else columns
     raise TypeError(f"default_collate cannot collate samples of type {type(first).__qualname__}")
+
+
+def _numbers(samples: list[Any]) -> torch.Tensor:
+    """One tensor of scalars; the dtype fits every sample, not just the first (``[1, 2.5]``
+    is float64, never an int64 that truncates 2.5)."""
+    if all(isinstance(s, bool) for s in samples):
+        return torch.tensor(samples, dtype=torch.bool)
+    if all(isinstance(s, np.generic) for s in samples):
+        return torch.from_numpy(np.asarray(samples))
+    if all(isinstance(s, numbers.Integral) for s in samples):
+        return torch.tensor([int(s) for s in samples], dtype=torch.int64)
+    if all(isinstance(s, numbers.Real) for s in samples):
+        return torch.tensor([float(s) for s in samples], dtype=torch.float64)
+    kinds = sorted({type(s).__name__ for s in samples})
+    raise TypeError(f"cannot collate numbers of mixed kinds {kinds} into one tensor")
 
 
 def _check_shapes(shapes: list[tuple[int, ...]], what: str) -> None:

@@ -31,7 +31,9 @@ def _labels_to_indices(raw: Sequence[Any], where: str) -> tuple[npt.NDArray[np.i
     """Integer labels pass through; anything else maps to indices of its sorted classes."""
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
         return np.asarray(raw, dtype=np.int64), None
-    if any(v is None or (isinstance(v, float) and v != v) for v in raw):
+    if any(
+        v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip()) for v in raw
+    ):
         raise ValueError(f"{where}: some labels are missing (empty or NaN)")
     names = [str(v) for v in raw]
     classes = sorted(set(names))

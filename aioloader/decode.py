@@ -51,8 +51,13 @@ class ImageDecoder:
         draft: bool = True,
         resample: Literal["nearest", "bilinear", "bicubic", "lanczos"] = "bilinear",
     ) -> None:
-        h, w = (size, size) if isinstance(size, int) else size
-        if isinstance(h, bool) or not isinstance(h, int) or not isinstance(w, int) or h <= 0 or w <= 0:
+        if isinstance(size, int) and not isinstance(size, bool):
+            h = w = size
+        elif isinstance(size, tuple) and len(size) == 2:
+            h, w = size
+        else:
+            raise ValueError(f"size={size!r} must be a positive int or a (height, width) pair of them")
+        if any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in (h, w)):
             raise ValueError(f"size={size!r} must be a positive int or a (height, width) pair of them")
         if crop not in ("center", "random"):
             raise ValueError(f"crop={crop!r} must be 'center' or 'random'")

@@ -51,7 +51,8 @@ class SampleError(LoaderError):
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only arguments do not survive the default pickling of exceptions.
-        return (_rebuild_sample_error, (type(self), self.args[0], self.path, self.index))
+        # The instance dict carries extra attributes (DecodeError.worker_traceback).
+        return (_rebuild_sample_error, (type(self), self.args[0], self.path, self.index), self.__dict__)
 
 
 def _rebuild_sample_error(cls: type[SampleError], full_message: str, path: str, index: int) -> SampleError:
