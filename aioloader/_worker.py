@@ -15,6 +15,7 @@ import mmap
 import os
 import pickle
 import signal
+import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
@@ -95,19 +96,36 @@ def _attach(path: str) -> mmap.mmap:
 
 
 def run_chunk(
-    slab: str | None, out_offset: int, items: list[tuple[int, int, Source]], seed: int, epoch: int
+    slab: str | None,
+    layout: tuple[int, int, int],
+    items: list[tuple[int, int, Source]],
+    seed: int,
+    epoch: int,
 ) -> list[Result]:
-    """Decode ``items`` (``(row, dataset index, source)``); write fitting samples into row
-    ``row`` of the slab's output at ``out_offset``."""
+    """Decode ``items`` (``(row, dataset index, source)``). ``layout`` is the slab's
+    ``(status, input, output)`` offsets: sources are ``(offset, length)`` in the input
+    arena, fitting samples are written into row ``row`` of the output, and the row's status
+    says who is decoding it since when."""
     m = _attach(slab) if slab is not None else None
+    status_off, in_off, out_off = layout
+    status = (
+        np.frombuffer(m, dtype=np.float64, count=2 * (max(r for r, _, _ in items) + 1), offset=status_off)
+        if m is not None
+        else None
+    )
+    pid = float(os.getpid())
     results: list[Result] = []
     for row, index, src in items:
-        if isinstance(src, tuple):
-            assert m is not None
-            data = m[src[0] : src[0] + src[1]]
-        else:
-            data = src
-        results.append(_decode_one(data, m, out_offset, row, seed, epoch, index))
+        if status is not None:
+            status[2 * row : 2 * row + 2] = (pid, time.monotonic())
+        data = (
+            m[in_off + src[0] : in_off + src[0] + src[1]] if isinstance(src, tuple) and m is not None else src
+        )
+        assert isinstance(data, bytes)
+        results.append(_decode_one(data, m, out_off, row, seed, epoch, index))
+        if status is not None:
+            status[2 * row] = -pid
+    del status
     return results
 
 

@@ -80,6 +80,9 @@ class LoaderConfig:
     max_failures: int | float | None
     read: Callable[[str], bytes] | None = None
     zero_copy: bool = True
+    read_retries: int = 2
+    sample_timeout: float | None = None
+    max_worker_restarts: int = 3
 
     @classmethod
     def create(
@@ -101,6 +104,9 @@ class LoaderConfig:
         max_failures: object,
         read: object = None,
         zero_copy: object = True,
+        read_retries: object = 2,
+        sample_timeout: object = None,
+        max_worker_restarts: object = 3,
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
@@ -142,6 +148,16 @@ class LoaderConfig:
                 raise ValueError(f"max_failures={max_failures!r} must be >= 0")
             if isinstance(max_failures, float) and not 0.0 <= max_failures <= 1.0:
                 raise ValueError(f"max_failures={max_failures!r} as a fraction must be in [0, 1]")
+        retries = _non_negative_int("read_retries", read_retries)
+        restarts = _non_negative_int("max_worker_restarts", max_worker_restarts)
+        if sample_timeout is not None and (
+            isinstance(sample_timeout, bool)
+            or not isinstance(sample_timeout, (int, float))
+            or sample_timeout <= 0
+        ):
+            raise ValueError(
+                f"sample_timeout={sample_timeout!r} must be a positive number of seconds or None"
+            )
         return cls(
             batch_size=bs,
             decode=decode,
@@ -159,4 +175,7 @@ class LoaderConfig:
             max_failures=max_failures,
             read=read,
             zero_copy=bool(zero_copy),
+            read_retries=retries,
+            sample_timeout=None if sample_timeout is None else float(sample_timeout),
+            max_worker_restarts=restarts,
         )

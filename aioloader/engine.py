@@ -10,27 +10,30 @@ place, so the trainer receives every batch before it, then the error.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import math
+import time
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 import torch
 
+from ._worker import Result
 from .collate import default_collate
 from .config import LoaderConfig
 from .dataset import FileDataset
-from .errors import DecodeError, LoaderError, ReadError, SampleError, WorkerCrashedError
+from .errors import DecodeError, LoaderError, LoaderTimeoutError, ReadError, SampleError
 from .items import END, Batch, Failure, Item
 from .reader import FileReader, Source
 from .sampler import EpochPlan
 from .slabs import Slab, SlabPool
 from .stats import Counters
-from .workers import DecodePool
+from .workers import DecodePool, describe_deaths
 
 __all__ = ["Engine"]
 
@@ -48,6 +51,8 @@ class _Wrote:
 
 SKIPPED = _Skipped()
 WROTE = _Wrote()
+#: ``(row in the batch, dataset index, source of the bytes)``
+Item3 = tuple[int, int, Source]
 
 
 class Engine:
@@ -139,6 +144,10 @@ class Engine:
                 self._slabs.want_input_capacity(self._sizes.arena_bytes())
             batch, slab = await self._assemble(k, indices, results, slab)
             return batch
+        except BaseException:
+            if slab is not None:  # a worker or a read may still write into it: never reuse it
+                slab.tainted = True
+            raise
         finally:
             if slab is not None:
                 self._slabs.release(slab)  # type: ignore[union-attr]
@@ -159,17 +168,57 @@ class Engine:
             for r, _, src in items:
                 results[r] = src
             return
-        assert self._decode_sem is not None
-        slab_path = slab.path if slab is not None else None
-        out_offset = slab.out_offset if slab is not None else 0
-        async with self._decode_sem:
-            try:
-                outcome = await asyncio.wrap_future(
-                    self._pool.submit(slab_path, out_offset, items, self._cfg.seed, epoch)
-                )
-            except BrokenProcessPool as exc:
-                paths = ", ".join(repr(self._ds.path(i)) for _, i, _ in items)
-                raise WorkerCrashedError(f"a decode worker process died while decoding {paths}") from exc
+        await self._decode(epoch, slab, items, results)
+
+    async def _decode(self, epoch: int, slab: Slab | None, items: list[Item3], results: list[Any]) -> None:
+        """Decode ``items`` in one task; after a worker death, resubmit what is left.
+
+        The slab's status table says which row each dead worker was on. A row whose worker
+        was killed for a timeout fails with :class:`LoaderTimeoutError`; a row that was on a
+        crashing worker twice fails as a :class:`DecodeError`; every other row is resubmitted
+        (its result, if any, was lost with the task), so nothing is lost or delivered twice.
+        """
+        assert self._pool is not None and self._decode_sem is not None
+        pool = self._pool
+        layout = (slab.status_offset, slab.in_offset, slab.out_offset) if slab is not None else (0, 0, 0)
+        crashes: dict[int, int] = {}
+        while items:
+            generation = pool.generation
+            async with self._decode_sem:
+                try:
+                    fut = pool.submit(slab.path if slab else None, layout, items, self._cfg.seed, epoch)
+                    outcome = await self._watch(fut, slab, items)
+                    break
+                except BrokenProcessPool:
+                    pass
+            paths = [self._ds.path(i) for _, i, _ in items]
+            await pool.recover(generation, paths)
+            self._counters.worker_restarts = pool.restarts
+            left: list[Item3] = []
+            for item in items:
+                r, index = item[0], item[1]
+                pid = int(slab.status[r, 0]) if slab is not None else 0
+                path = self._ds.path(index)
+                if pid > 0 and pid in pool.timed_out:
+                    limit = self._cfg.sample_timeout
+                    late = LoaderTimeoutError(
+                        f"decode took longer than sample_timeout={limit}s", path=path, index=index
+                    )
+                    results[r] = self._failed(late, None)
+                elif pid > 0 and pid in pool.culprits:
+                    crashes[r] = crashes.get(r, 0) + 1
+                    if crashes[r] >= 2:
+                        why = describe_deaths({pid: pool.culprits[pid]})
+                        results[r] = self._failed(
+                            DecodeError(f"decode worker {why}, twice", path=path, index=index), None
+                        )
+                    else:
+                        left.append(item)
+                else:
+                    left.append(item)
+            items = left
+        else:
+            return
         for (r, index, _), res in zip(items, outcome, strict=True):
             if res is None:
                 results[r] = WROTE
@@ -186,16 +235,47 @@ class Engine:
                 err.worker_traceback = text
                 results[r] = self._failed(err, cause)
 
+    async def _watch(self, fut: Future[list[Result]], slab: Slab | None, items: list[Item3]) -> list[Result]:
+        """Await a decode task; with ``sample_timeout``, kill the worker of a row that has
+        been decoding longer than that (the status table says who and since when)."""
+        timeout = self._cfg.sample_timeout
+        waiting = asyncio.wrap_future(fut)
+        if timeout is None or slab is None:
+            return await waiting
+        assert self._pool is not None
+        while True:
+            done, _ = await asyncio.wait([waiting], timeout=min(0.2, timeout / 4))
+            if done:
+                return waiting.result()
+            now = time.monotonic()
+            for r, _, _ in items:
+                pid, start = slab.status[r]
+                if pid > 0 and now - start > timeout:
+                    self._pool.kill_for_timeout(int(pid))
+
     async def _read(self, index: int, slab: Slab | None) -> Source | _Skipped:
         path = self._ds.path(index)
         self._seen += 1
         try:
             if slab is not None and self._pool is not None:
-                src: Source = await self._reader.read_into(path, slab.arena)
+                reading: Awaitable[Source] = self._reader.read_into(path, slab.arena)
             else:
-                src = await self._reader.read(path)
+                reading = self._reader.read(path)
+            src = await asyncio.wait_for(reading, self._cfg.sample_timeout)
+        except asyncio.TimeoutError:
+            if slab is not None:
+                slab.tainted = True  # the abandoned read may still write into its arena
+            limit = self._cfg.sample_timeout
+            return self._failed(
+                LoaderTimeoutError(f"read took longer than sample_timeout={limit}s", path=path, index=index),
+                None,
+            )
         except OSError as exc:
-            err = ReadError(f"cannot read file: {exc.strerror or exc}", path=path, index=index)
+            hint = ""
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                io = self._cfg.io_concurrency
+                hint = f"; raise the open-file limit (ulimit -n) or lower io_concurrency={io}"
+            err = ReadError(f"cannot read file: {exc.strerror or exc}{hint}", path=path, index=index)
             return self._failed(err, exc)
         size = src[1] if isinstance(src, tuple) else len(src)
         if size == 0:

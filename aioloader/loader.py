@@ -82,6 +82,12 @@ class Loader:
             collate, workers decode straight into shared-memory batch slabs and the batch
             tensor *is* the slab, recycled once the last reference to the batch is dropped.
             False copies each batch out into ordinary memory (the slab is reused at once).
+        read_retries: tries again, with backoff, after a transient read error (EIO, EAGAIN,
+            ETIMEDOUT, too many open files, ...); counted in ``stats.read_retries``.
+        sample_timeout: seconds a read, or a decode, may take; past it the sample fails with
+            :class:`LoaderTimeoutError` (a hung decode's worker is killed and replaced).
+        max_worker_restarts: decode-pool rebuilds after worker crashes (signal, ``os._exit``)
+            over the loader's life; the crash past it raises :class:`WorkerCrashedError`.
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -109,6 +115,9 @@ class Loader:
         max_failures: int | float | None = None,
         read: Callable[[str], bytes] | None = None,
         zero_copy: bool = True,
+        read_retries: int = 2,
+        sample_timeout: float | None = None,
+        max_worker_restarts: int = 3,
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -129,6 +138,9 @@ class Loader:
             max_failures=max_failures,
             read=read,
             zero_copy=zero_copy,
+            read_retries=read_retries,
+            sample_timeout=sample_timeout,
+            max_worker_restarts=max_worker_restarts,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset

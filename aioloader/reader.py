@@ -13,14 +13,16 @@ aiofiles runs blocking file calls on an executor. Two things make that scale:
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 from aiofiles.os import wrap
 
 from .slabs import Arena
+from .threads import DaemonThreadPool
 
 __all__ = ["FileReader", "read_file"]
 
@@ -65,37 +67,79 @@ def _store(read: Callable[[str], bytes], path: str, arena: Arena) -> Source:
     return (off, len(data))
 
 
+#: errno values worth another try: the storage may answer next time. EMFILE/ENFILE (too many
+#: open files) clear as other reads finish.
+TRANSIENT = frozenset(
+    {
+        errno.EIO,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.ETIMEDOUT,
+        errno.EBUSY,
+        errno.ESTALE,
+        errno.EMFILE,
+        errno.ENFILE,
+    }
+)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt`` (1, 2, ...): 50 ms doubling, at most 2 s."""
+    return float(min(2.0, 0.05 * 2 ** (attempt - 1)))
+
+
 class FileReader:
     """Reads files with at most ``io_concurrency`` reads in flight.
 
     ``read`` is the blocking ``path -> bytes`` function run on the I/O threads (default
     :func:`read_file`; a custom one reads from another store, or injects faults and delays
-    in tests and benchmarks). Created on any thread; :meth:`read` must be awaited on the
-    loader's loop. ``close`` waits for reads already running.
+    in tests and benchmarks). A transient ``OSError`` (:data:`TRANSIENT`) is retried
+    ``retries`` times with :func:`backoff`; ``on_retry`` is told each time. Created on any
+    thread; the reads must be awaited on the loader's loop.
     """
 
-    def __init__(self, io_concurrency: int, read: Callable[[str], bytes] | None = None) -> None:
+    def __init__(
+        self,
+        io_concurrency: int,
+        read: Callable[[str], bytes] | None = None,
+        retries: int = 2,
+        on_retry: Callable[[str, OSError], None] | None = None,
+    ) -> None:
         self.io_concurrency = io_concurrency
+        self.retries = retries
+        self._on_retry = on_retry
         self._read = wrap(read or read_file)
         self._read_into = wrap(_read_into) if read is None else wrap(partial(_store, read))
-        self._pool = ThreadPoolExecutor(io_concurrency, thread_name_prefix="aioloader-io")
+        self._pool = DaemonThreadPool(io_concurrency, thread_name_prefix="aioloader-io")
         self._sem: asyncio.Semaphore | None = None
 
     async def read(self, path: str) -> bytes:
-        """The file's bytes; raises the ``OSError`` of the failed call."""
-        if self._sem is None:  # created lazily so it binds to the loader's loop
-            self._sem = asyncio.Semaphore(self.io_concurrency)
-        async with self._sem:
-            data: bytes = await self._read(path, executor=self._pool)
-            return data
+        """The file's bytes; raises the ``OSError`` of the last failed try."""
+        data: bytes = await self._retrying(path, self._read, path)
+        return data
 
     async def read_into(self, path: str, arena: Arena) -> Source:
         """Like :meth:`read`, but into ``arena`` when the file fits (one executor hop)."""
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.io_concurrency)
-        async with self._sem:
-            src: Source = await self._read_into(path, arena, executor=self._pool)
-            return src
+        src: Source = await self._retrying(path, self._read_into, path, arena)
+        return src
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    async def _retrying(self, path: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._sem is None:  # created lazily so it binds to the loader's loop
+            self._sem = asyncio.Semaphore(self.io_concurrency)
+        attempt = 0
+        while True:
+            try:
+                async with self._sem:
+                    return await fn(*args, executor=self._pool)
+            except OSError as exc:
+                attempt += 1
+                if exc.errno not in TRANSIENT or attempt > self.retries:
+                    raise
+                if self._on_retry is not None:
+                    self._on_retry(path, exc)
+                await asyncio.sleep(backoff(attempt))
+
+    def close(self, grace: float = 2.0) -> list[str]:
+        """Stop the I/O threads; returns the names of those abandoned in a hung read."""
+        self._pool.shutdown(wait=True, cancel_futures=True, grace=grace)
+        return self._pool.stuck

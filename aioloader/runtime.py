@@ -111,12 +111,19 @@ class Runtime:
         if config.decode is not None:
             shape = spec.shape if spec is not None else None
             dtype = spec.dtype.str if spec is not None and shape is not None else None
-            self.pool = DecodePool(config.decode, config.num_workers, shape, dtype)
+            self.pool = DecodePool(
+                config.decode, config.num_workers, shape, dtype, config.max_worker_restarts
+            )
         # Enough slabs for every batch the pipeline itself holds: under construction, queued,
         # in the bridge, in the hand-off, and the one the trainer is using.
         pooled = window_size(config.io_concurrency, config.batch_size) + config.prefetch + 3
         self.slabs = SlabPool(spec, pooled, 0) if spec is not None else None
-        self.reader = FileReader(config.io_concurrency, config.read)
+        self.reader = FileReader(
+            config.io_concurrency,
+            config.read,
+            config.read_retries,
+            on_retry=lambda path, exc: counters.retried(),
+        )
         self.collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
         self.loop_thread = EventLoopThread()
         self.engine = Engine(config, dataset, self.reader, self.pool, self.slabs, self.collate_pool, counters)

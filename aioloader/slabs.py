@@ -42,6 +42,7 @@ __all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "SlabSpec", "shm_available", 
 #: Where segments are made: a tmpfs, so "files" there are shared memory.
 SHM_DIR = "/dev/shm"
 PREFIX = "aioloader-"
+STATUS_ROW_BYTES = 16  # (pid, start) as two float64
 _ids = itertools.count()
 
 
@@ -104,19 +105,36 @@ class Arena:
 
 
 class Slab:
-    """One segment: ``arena`` (input bytes) then ``batch_size`` output rows."""
+    """One segment: a status table, ``arena`` (input bytes), then ``batch_size`` output rows.
+
+    The status table has one ``(pid, start)`` pair of float64 per row: the worker decoding
+    the row writes its pid and ``time.monotonic()`` before decoding and ``-pid`` after, so
+    the parent knows which sample a hung or dead worker was on.
+    """
 
     def __init__(self, spec: SlabSpec, in_capacity: int, pooled: bool) -> None:
         self.spec = spec
         self.in_capacity = in_capacity
-        self.out_offset = in_capacity
-        self.size = in_capacity + spec.batch_size * spec.sample_bytes
+        self.status_offset = 0
+        status_bytes = spec.batch_size * STATUS_ROW_BYTES
+        self.in_offset = status_bytes
+        self.out_offset = status_bytes + in_capacity
+        self.size = self.out_offset + spec.batch_size * spec.sample_bytes
         self.pooled = pooled
+        #: Set when something may still write into the slab after its batch is abandoned (a
+        #: read that timed out, a worker still decoding): such a slab is never reused.
+        self.tainted = False
         self.name = f"{PREFIX}{os.getpid()}-{next(_ids)}-{secrets.token_hex(4)}"
         self.path = os.path.join(SHM_DIR, self.name)
         self._mmap = _create_segment(self.path, self.size)
-        self.arena = Arena(memoryview(self._mmap)[:in_capacity])
+        self.arena = Arena(memoryview(self._mmap)[self.in_offset : self.out_offset])
+        self.status = np.frombuffer(self._mmap, dtype=np.float64, count=2 * spec.batch_size).reshape(-1, 2)
         self.unlinked = False
+
+    def reset(self) -> None:
+        """Ready for a new batch: empty arena, clear status."""
+        self.arena.reset()
+        self.status[:] = 0.0
 
     def output(self, rows: int) -> np.ndarray[Any, Any]:
         """A new array over the first ``rows`` output rows (zero-copy)."""
@@ -206,7 +224,7 @@ class SlabPool:
             while self._free:
                 slab = self._free.pop()
                 if slab.in_capacity >= self._in_capacity:
-                    slab.arena.reset()
+                    slab.reset()
                     return slab
                 self._forget(slab)  # arena too small for the files seen: make a bigger one
             pooled = self._pooled_count < self.pooled
@@ -232,7 +250,7 @@ class SlabPool:
         with self._lock:
             if slab.name not in self._all:
                 return
-            if slab.pooled and not self._closed:
+            if slab.pooled and not slab.tainted and not self._closed:
                 self._free.append(slab)
             else:
                 self._forget(slab)

@@ -25,6 +25,8 @@ class LoaderStats:
     failures: int = 0
     failures_by_reason: dict[str, int] = field(default_factory=dict)
     last_failed_paths: tuple[str, ...] = ()
+    read_retries: int = 0
+    worker_restarts: int = 0
     wait_seconds: float = 0.0
     epoch: int = 0
     epoch_samples: int = 0
@@ -46,6 +48,8 @@ class Counters:
         self.wait_seconds = 0.0
         self.failures: Counter[str] = Counter()
         self.failed_paths: deque[str] = deque(maxlen=8)
+        self.read_retries = 0
+        self.worker_restarts = 0
         self.epoch = 0
         self.epoch_samples = 0
         self.epoch_batches = 0
@@ -87,6 +91,10 @@ class Counters:
             self.failures[reason] += 1
             self.failed_paths.append(path)
 
+    def retried(self) -> None:
+        with self._lock:
+            self.read_retries += 1
+
     def snapshot(self) -> LoaderStats:
         with self._lock:
             end = self.epoch_end if self.epoch_end is not None else time.perf_counter()
@@ -97,6 +105,8 @@ class Counters:
                 failures=sum(self.failures.values()),
                 failures_by_reason=dict(self.failures),
                 last_failed_paths=tuple(self.failed_paths),
+                read_retries=self.read_retries,
+                worker_restarts=self.worker_restarts,
                 wait_seconds=self.wait_seconds,
                 epoch=self.epoch,
                 epoch_samples=self.epoch_samples,

@@ -8,16 +8,20 @@ starts by a cheap fork of a warm process.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
+import os
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing.context import BaseContext
 from types import ModuleType
 from typing import Any
 
 from . import _worker
+from .errors import WorkerCrashedError
 
 __all__ = ["DecodePool", "mp_context"]
 
@@ -56,7 +60,14 @@ def main_imports() -> list[str]:
 
 
 class DecodePool:
-    """``num_workers`` persistent processes running ``decode``.
+    """``num_workers`` persistent processes running ``decode``, rebuilt after a crash.
+
+    A worker that dies (signal, ``os._exit``) breaks the whole ``ProcessPoolExecutor``: every
+    task in flight fails with ``BrokenProcessPool``. :meth:`recover` then rebuilds the pool,
+    once per breakage however many tasks report it (``generation`` tells them apart), and
+    remembers which pids died of what (``culprits``), so each task can tell whether the
+    sample it was decoding killed its worker. A breakage caused by :meth:`kill_for_timeout`
+    is not a crash; past ``max_restarts`` crashes, :class:`WorkerCrashedError` is final.
 
     ``close`` is bounded: it asks workers to exit, waits ``grace`` seconds, then terminates
     and finally kills what is left, because ``ProcessPoolExecutor.shutdown`` alone waits for
@@ -69,57 +80,129 @@ class DecodePool:
         num_workers: int,
         shape: tuple[int, ...] | None = None,
         dtype: str | None = None,
+        max_restarts: int = 3,
     ) -> None:
         self.num_workers = num_workers
-        self._executor = ProcessPoolExecutor(
-            num_workers,
+        self.max_restarts = max_restarts
+        self._initargs = (decode, shape, dtype)
+        self.generation = 0
+        self.restarts = 0
+        #: ``{pid: exitcode}`` of the workers whose death broke the pool last time.
+        self.culprits: dict[int, int] = {}
+        self.timed_out: set[int] = set()
+        self._failure: WorkerCrashedError | None = None
+        self._lock: asyncio.Lock | None = None
+        self._executor = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        executor = ProcessPoolExecutor(
+            self.num_workers,
             mp_context=mp_context(),
             initializer=_worker.worker_init,
-            initargs=(decode, shape, dtype),
+            initargs=self._initargs,
         )
         # The executor starts a process per submitted task while none is idle: one no-op per
         # worker starts them all now, in parallel with the first reads.
-        self._warm = [self._executor.submit(_worker.warm_up) for _ in range(num_workers)]
-
-    @property
-    def executor(self) -> ProcessPoolExecutor:
-        return self._executor
+        for _ in range(self.num_workers):
+            executor.submit(_worker.warm_up)
+        return executor
 
     def submit(
         self,
         slab: str | None,
-        out_offset: int,
+        layout: tuple[int, int, int],
         items: list[tuple[int, int, _worker.Source]],
         seed: int,
         epoch: int,
     ) -> Future[list[_worker.Result]]:
         """Decode a chunk of samples in one task (see :func:`aioloader._worker.run_chunk`)."""
-        return self._executor.submit(_worker.run_chunk, slab, out_offset, items, seed, epoch)
+        if self._failure is not None:
+            raise self._failure
+        return self._executor.submit(_worker.run_chunk, slab, layout, items, seed, epoch)
 
     def pids(self) -> list[int]:
-        procs = getattr(self._executor, "_processes", None) or {}
-        return [p.pid for p in procs.values() if p.pid is not None]
+        return [p.pid for p in _processes(self._executor) if p.pid is not None]
+
+    def kill_for_timeout(self, pid: int) -> None:
+        """SIGKILL a worker stuck on one sample; the pool breaks and is rebuilt."""
+        if pid in self.pids():
+            self.timed_out.add(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def recover(self, generation: int, paths: list[str]) -> None:
+        """Rebuild the pool after the breakage seen by a task submitted at ``generation``;
+        raises :class:`WorkerCrashedError` once crashes exceed ``max_restarts``."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            if generation != self.generation:
+                return  # another task already rebuilt it
+            old = self._executor
+            procs = _processes(old)
+            # The executor terminates the survivors itself; wait (briefly) to read exit codes.
+            deadline = time.monotonic() + 1.0
+            while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            codes = {p.pid: p.exitcode for p in procs if p.pid is not None and p.exitcode is not None}
+            self.culprits = {pid: c for pid, c in codes.items() if c not in (0, -signal.SIGTERM)}
+            crashed = {pid: c for pid, c in self.culprits.items() if pid not in self.timed_out}
+            _close_executor(old, grace=1.0)
+            if crashed or not self.culprits:
+                self.restarts += 1
+                if self.restarts > self.max_restarts:
+                    self._failure = WorkerCrashedError(
+                        f"decode worker {describe_deaths(crashed or codes)} while decoding "
+                        f"{', '.join(repr(p) for p in paths)}; that is {self.restarts} crashes, more than "
+                        f"max_worker_restarts={self.max_restarts}"
+                    )
+                    raise self._failure
+            self._executor = self._start()
+            self.generation += 1
 
     def close(self, grace: float = 2.0) -> None:
         """Stop every worker within about ``2 * grace`` seconds, whatever they are doing."""
-        procs = list((getattr(self._executor, "_processes", None) or {}).values())
-        # shutdown(wait=False) forgets the manager thread, so a later shutdown(wait=True)
-        # would not join it: keep it to join ourselves.
-        manager = getattr(self._executor, "_executor_manager_thread", None)
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        deadline = time.monotonic() + grace
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        stuck = [p for p in procs if p.is_alive()]
-        for p in stuck:
-            p.terminate()
-        deadline = time.monotonic() + grace
-        for p in stuck:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join()
-        if manager is not None:
-            manager.join(grace)
-        for p in procs:
-            p.close()  # release the sentinel fds now rather than at garbage collection
+        _close_executor(self._executor, grace)
+
+
+def describe_deaths(codes: Mapping[int, int | None]) -> str:
+    """``"pid 12 died of SIGKILL"``, ``"pid 12 exited with code 3"``, joined."""
+    parts = []
+    for pid, code in sorted(codes.items()):
+        if code is not None and code < 0:
+            parts.append(f"pid {pid} died of {signal.Signals(-code).name}")
+        else:
+            parts.append(f"pid {pid} exited with code {code}")
+    return ", ".join(parts) or "(unknown pid) died"
+
+
+def _processes(executor: ProcessPoolExecutor) -> list[Any]:
+    return list((getattr(executor, "_processes", None) or {}).values())
+
+
+def _close_executor(executor: ProcessPoolExecutor, grace: float) -> None:
+    procs = _processes(executor)
+    # shutdown(wait=False) forgets the manager thread, so a later shutdown(wait=True) would
+    # not join it: keep it to join ourselves.
+    manager = getattr(executor, "_executor_manager_thread", None)
+    executor.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    stuck = [p for p in procs if p.is_alive()]
+    for p in stuck:
+        p.terminate()
+    deadline = time.monotonic() + grace
+    for p in stuck:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if manager is not None:
+        manager.join(grace)
+    for p in procs:
+        p.close()  # release the sentinel fds now rather than at garbage collection
