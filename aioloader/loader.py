@@ -207,7 +207,9 @@ class Loader:
         with self._lock:
             if self._state is State.CLOSED:
                 raise LoaderClosedError(CLOSED_MESSAGE)
-            if self._runtime is None:
+            if self._runtime is not None:
+                self._runtime.check_owner()
+            else:
                 runtime = Runtime(self._config, self._dataset, self._counters)
                 # The safety net: a loader dropped without close() still stops everything.
                 self._finalizer = weakref.finalize(self, runtime.shutdown)
@@ -312,6 +314,7 @@ class _SyncIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         c = self._cursor
+        c.runtime.check_owner()
         if c.done:
             raise StopIteration
         start = time.perf_counter()
@@ -328,6 +331,7 @@ class _AsyncIterator(AsyncIterator[Any]):
 
     async def __anext__(self) -> Any:
         c = self._cursor
+        c.runtime.check_owner()
         if c.done:
             raise StopAsyncIteration
         start = time.perf_counter()

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures.process  # noqa: F401 - its exit hook must be registered before ours
+import dataclasses
+import logging
+import os
 import threading
 import weakref
 from collections.abc import Coroutine
@@ -22,6 +25,7 @@ from .config import LoaderConfig
 from .dataset import FileDataset
 from .device import DeviceCopier
 from .engine import Engine, window_size
+from .errors import LoaderError
 from .reader import FileReader
 from .sampler import EpochPlan
 from .slabs import SlabPool, slab_spec_for
@@ -31,6 +35,7 @@ from .workers import DecodePool
 __all__ = ["EventLoopThread", "Runtime"]
 
 T = TypeVar("T")
+logger = logging.getLogger("aioloader")
 
 try:  # uvloop's loop is faster at the many small callbacks of thousands of reads
     import uvloop
@@ -98,13 +103,46 @@ def _shutdown_all() -> None:
         rt.shutdown()
 
 
+def io_concurrency_for_fd_limit(wanted: int, num_workers: int = 0) -> int:
+    """``wanted`` reads in flight, or fewer when the open-file limit (``ulimit -n``) would
+    run out: each read holds one fd, each worker process about four in the parent (pipes and
+    its sentinel), and half of what is left stays for everything else."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        in_use = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError, ValueError):
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, (soft - in_use - 16 - 4 * num_workers) // 2))
+
+
+def _fd_soft_limit() -> int:
+    import resource
+
+    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
 class Runtime:
     """The started loader: threads, processes and the engine, for one loader's lifetime."""
 
     def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
         global _exit_hook_installed
+        self.owner_pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
+        io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers)
+        if io < config.io_concurrency:
+            logger.warning(
+                "io_concurrency=%d lowered to %d: the open-file limit (ulimit -n) is %d; raise it "
+                "with `ulimit -n` for more reads in flight",
+                config.io_concurrency,
+                io,
+                _fd_soft_limit(),
+            )
+            config = dataclasses.replace(config, io_concurrency=io)
         self.config = config
         spec = slab_spec_for(config.decode, config.collate, config.batch_size)
         self.pool = None
@@ -154,8 +192,20 @@ class Runtime:
             self.run = run
             return run
 
+    def check_owner(self) -> None:
+        """Refuse use from a forked child: its copies of the threads do not exist and the
+        worker processes are its parent's."""
+        if os.getpid() != self.owner_pid:
+            raise LoaderError(
+                f"this loader was started in process {self.owner_pid} and cannot be used in a forked "
+                f"child (pid {os.getpid()}); create a new Loader in the child"
+            )
+
     def shutdown(self, grace: float = 2.0) -> None:
-        """Stop and join everything, within a few ``grace`` periods; idempotent."""
+        """Stop and join everything, within a few ``grace`` periods; idempotent. A no-op in
+        a forked child, which must not stop (or unlink) what belongs to its parent."""
+        if os.getpid() != self.owner_pid:
+            return
         with self._lock:
             if self._closed:
                 return

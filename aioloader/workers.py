@@ -151,8 +151,11 @@ class DecodePool:
             codes = {p.pid: p.exitcode for p in procs if p.pid is not None and p.exitcode is not None}
             self.culprits = {pid: c for pid, c in codes.items() if c not in (0, -signal.SIGTERM)}
             crashed = {pid: c for pid, c in self.culprits.items() if pid not in self.timed_out}
+            # A breakage we caused (a worker killed for sample_timeout) is not a crash, even
+            # when a busy machine has not reported that worker's exit code yet.
+            ours = {p.pid for p in procs} & self.timed_out
             _close_executor(old, grace=1.0)
-            if crashed or not self.culprits:
+            if crashed or not ours:
                 self.restarts += 1
                 if self.restarts > self.max_restarts:
                     self._failure = WorkerCrashedError(

@@ -68,7 +68,9 @@ def measure(fn: Any, n: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--samples", type=int, default=4000)
     parser.add_argument("--chunk", type=int, default=16)
     args = parser.parse_args()
@@ -109,7 +111,9 @@ def main() -> None:
                 (f"chunks of {c}, bytes and pixels pickled", b),
                 (f"chunks of {c}, bytes and pixels in shared memory", d),
             ]
-            print(f"# IPC cost per sample, {n} samples, 2 workers, {IN_BYTES // 1000} KB in / {OUT_BYTES // 1000} KB out")
+            print(
+                f"# IPC cost per sample, {n} samples, 2 workers, {IN_BYTES // 1000} KB in / {OUT_BYTES // 1000} KB out"
+            )
             print("| transport | parent CPU us/sample | wall us/sample |")
             print("| --- | ---: | ---: |")
             for name, fn in rows:

@@ -120,8 +120,9 @@ def test_shared_memory_exhaustion_is_a_clear_error(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    with Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1) as loader, pytest.raises(
-        LoaderError, match=r"cannot allocate a .* MiB shared-memory batch slab in /dev/shm"
+    with (
+        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1) as loader,
+        pytest.raises(LoaderError, match=r"cannot allocate a .* MiB shared-memory batch slab in /dev/shm"),
     ):
         list(loader)
     assert segments() == set()

@@ -1,0 +1,81 @@
+"""Train a small CNN on an ImageFolder with a synchronous loop fed by aioloader.
+
+    python examples/train_folder.py [ROOT] [--epochs 2] [--device cuda]
+
+Without ROOT, a small synthetic JPEG dataset is generated into a temporary folder. The
+``if __name__ == "__main__"`` guard matters: decode workers start by forkserver/spawn and
+re-import this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import aioloader
+from aioloader.synthetic import make_image_folder
+
+
+def make_model(classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 5, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, classes),
+    )
+
+
+def train(root: Path, epochs: int, device: str | None) -> None:
+    dataset = aioloader.FileDataset.from_folder(root)
+    loader = aioloader.Loader(
+        dataset,
+        batch_size=32,
+        decode=aioloader.ImageDecoder(112, crop="random", hflip=True),
+        device=device,
+        prefetch=2,
+    )
+    model = make_model(len(dataset.classes)).to(device or "cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with loader:  # starts the loop, bridge thread and workers; everything stops on exit
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            start, total, n = time.perf_counter(), 0.0, 0
+            for images, labels in loader:  # uint8 [B,3,112,112], int64 [B], on `device`
+                x = images.float().div_(255)
+                loss = nn.functional.cross_entropy(model(x), labels)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += loss.item() * len(labels)
+                n += len(labels)
+            stats = loader.stats
+            print(
+                f"epoch {epoch}: loss {total / n:.3f}, {n / (time.perf_counter() - start):.0f} samples/s, "
+                f"waited {stats.epoch_wait_seconds:.2f} s for data"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", nargs="?", type=Path, help="ImageFolder root (default: generated)")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--device", default=None, help="e.g. cuda (default: cpu)")
+    args = parser.parse_args()
+    if args.root is not None:
+        train(args.root, args.epochs, args.device)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = make_image_folder(Path(tmp) / "train", num_images=256, num_classes=4, size=(160, 120))
+        train(root, args.epochs, args.device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""aioloader.config.LoaderConfig.create, directly and through Loader(...) construction.
+
+Every argument error names the argument and shows the value.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+import aioloader
+from aioloader import FileDataset, ImageDecoder
+from aioloader.config import LoaderConfig, resolve_device, usable_cpus
+
+DEFAULTS: dict[str, Any] = {
+    "batch_size": 4,
+    "decode": None,
+    "collate": None,
+    "shuffle": False,
+    "seed": 0,
+    "drop_last": False,
+    "num_workers": 1,
+    "io_concurrency": 8,
+    "prefetch": 2,
+    "ordered": True,
+    "device": None,
+    "pin_memory": None,
+    "on_error": "raise",
+    "max_failures": None,
+}
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+
+def create(**overrides: Any) -> LoaderConfig:
+    return LoaderConfig.create(**{**DEFAULTS, **overrides})
+
+
+def loader(**overrides: Any) -> aioloader.Loader:
+    return aioloader.Loader(["a.jpg", "b.jpg", "c.jpg"], **overrides)
+
+
+# (overrides, exception type, exact message)
+EXACT_ERRORS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"batch_size": 0}, ValueError, "batch_size=0 must be a positive integer"),
+    ({"batch_size": -2}, ValueError, "batch_size=-2 must be a positive integer"),
+    ({"batch_size": True}, ValueError, "batch_size=True must be a positive integer"),
+    ({"batch_size": 2.0}, ValueError, "batch_size=2.0 must be a positive integer"),
+    ({"batch_size": "8"}, ValueError, "batch_size='8' must be a positive integer"),
+    ({"batch_size": None}, ValueError, "batch_size=None must be a positive integer"),
+    ({"num_workers": 0}, ValueError, "num_workers=0 must be a positive integer"),
+    ({"num_workers": False}, ValueError, "num_workers=False must be a positive integer"),
+    ({"io_concurrency": 0}, ValueError, "io_concurrency=0 must be a positive integer"),
+    ({"io_concurrency": True}, ValueError, "io_concurrency=True must be a positive integer"),
+    ({"prefetch": 0}, ValueError, "prefetch=0 must be a positive integer"),
+    ({"prefetch": 1.5}, ValueError, "prefetch=1.5 must be a positive integer"),
+    ({"seed": -1}, ValueError, "seed=-1 must be a non-negative integer"),
+    ({"seed": True}, ValueError, "seed=True must be a non-negative integer"),
+    ({"seed": 1.0}, ValueError, "seed=1.0 must be a non-negative integer"),
+    ({"shuffle": 1}, TypeError, "shuffle=1 must be True or False"),
+    ({"shuffle": "yes"}, TypeError, "shuffle='yes' must be True or False"),
+    ({"drop_last": None}, TypeError, "drop_last=None must be True or False"),
+    ({"ordered": 0}, TypeError, "ordered=0 must be True or False"),
+    ({"zero_copy": "no"}, TypeError, "zero_copy='no' must be True or False"),
+    ({"read_retries": -1}, ValueError, "read_retries=-1 must be a non-negative integer"),
+    ({"read_retries": True}, ValueError, "read_retries=True must be a non-negative integer"),
+    ({"max_worker_restarts": -1}, ValueError, "max_worker_restarts=-1 must be a non-negative integer"),
+    ({"max_worker_restarts": 1.0}, ValueError, "max_worker_restarts=1.0 must be a non-negative integer"),
+    ({"sample_timeout": 0}, ValueError, "sample_timeout=0 must be a positive number of seconds or None"),
+    (
+        {"sample_timeout": -1.5},
+        ValueError,
+        "sample_timeout=-1.5 must be a positive number of seconds or None",
+    ),
+    (
+        {"sample_timeout": True},
+        ValueError,
+        "sample_timeout=True must be a positive number of seconds or None",
+    ),
+    ({"sample_timeout": "5"}, ValueError, "sample_timeout='5' must be a positive number of seconds or None"),
+    ({"decode": 5}, TypeError, "decode=5 must be callable (bytes -> sample) or None"),
+    ({"collate": "stack"}, TypeError, "collate='stack' must be callable (list of samples -> batch)"),
+    ({"read": 3}, TypeError, "read=3 must be callable (path -> bytes) or None"),
+    ({"device": 0}, TypeError, "device=0 must be None, a string or a torch.device"),
+    ({"pin_memory": "yes"}, TypeError, "pin_memory='yes' must be True, False or None"),
+    ({"pin_memory": 1}, TypeError, "pin_memory=1 must be True, False or None"),
+    ({"on_error": "ignore"}, ValueError, "on_error='ignore' must be 'raise' or 'skip'"),
+    ({"on_error": None}, ValueError, "on_error=None must be 'raise' or 'skip'"),
+    ({"max_failures": 3}, ValueError, "max_failures=3 needs on_error='skip'"),
+    ({"max_failures": 0.1, "on_error": "raise"}, ValueError, "max_failures=0.1 needs on_error='skip'"),
+    ({"max_failures": -1, "on_error": "skip"}, ValueError, "max_failures=-1 must be >= 0"),
+    (
+        {"max_failures": 1.5, "on_error": "skip"},
+        ValueError,
+        "max_failures=1.5 as a fraction must be in [0, 1]",
+    ),
+    (
+        {"max_failures": -0.1, "on_error": "skip"},
+        ValueError,
+        "max_failures=-0.1 as a fraction must be in [0, 1]",
+    ),
+    (
+        {"max_failures": "3", "on_error": "skip"},
+        TypeError,
+        "max_failures='3' must be an int count or a float fraction",
+    ),
+    (
+        {"max_failures": True, "on_error": "skip"},
+        TypeError,
+        "max_failures=True must be an int count or a float fraction",
+    ),
+]
+
+
+def test_every_error_message_is_exact_via_create() -> None:
+    for overrides, exc_type, message in EXACT_ERRORS:
+        with pytest.raises(exc_type) as info:
+            create(**overrides)
+        assert str(info.value) == message, overrides
+
+
+def test_every_error_message_is_exact_via_loader() -> None:
+    for overrides, exc_type, message in EXACT_ERRORS:
+        with pytest.raises(exc_type) as info:
+            loader(**overrides)
+        assert str(info.value) == message, overrides
+
+
+def test_batch_size_zero_exact_message() -> None:
+    with pytest.raises(ValueError, match=r"^batch_size=0 must be a positive integer$"):
+        aioloader.Loader(["a.jpg"], batch_size=0)
+
+
+def test_valid_config_values() -> None:
+    cfg = create(batch_size=7, seed=123, shuffle=True, drop_last=True, ordered=False, prefetch=5)
+    assert cfg.batch_size == 7
+    assert cfg.seed == 123
+    assert cfg.shuffle is True and cfg.drop_last is True and cfg.ordered is False
+    assert cfg.prefetch == 5
+    assert cfg.io_concurrency == 8
+    assert cfg.device == torch.device("cpu")
+    assert cfg.zero_copy is True
+    assert cfg.read_retries == 2 and cfg.max_worker_restarts == 3 and cfg.sample_timeout is None
+    other = create(read_retries=0, max_worker_restarts=0, sample_timeout=2)
+    assert other.read_retries == 0 and other.max_worker_restarts == 0
+    assert other.sample_timeout == 2.0 and type(other.sample_timeout) is float
+    with pytest.raises(AttributeError):
+        cfg.batch_size = 8  # type: ignore[misc]
+
+
+def test_max_failures_accepted_with_skip() -> None:
+    for value in (0, 5, 0.0, 0.25, 1.0):
+        cfg = create(on_error="skip", max_failures=value)
+        assert cfg.max_failures == value
+        assert type(cfg.max_failures) is type(value)
+    assert create(on_error="skip").max_failures is None
+
+
+def test_unsupported_device_rejected() -> None:
+    for device in ("tpu", "meta", "mps", "not a device", "cpu:x", ""):
+        with pytest.raises(ValueError, match=re.escape(f"device={device!r}")):
+            create(device=device)
+    with pytest.raises(ValueError, match=re.escape("device='tpu'")):
+        loader(device="tpu")
+
+
+@NO_CUDA
+def test_cuda_without_cuda_rejected() -> None:
+    for device in ("cuda", "cuda:0", "cuda:3", torch.device("cuda")):
+        with pytest.raises(ValueError, match="CUDA") as info:
+            create(device=device)
+        assert f"device={device!r}" in str(info.value)
+        with pytest.raises(ValueError, match="CUDA"):
+            loader(device=device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device_resolves_with_index() -> None:
+    cfg = create(device="cuda")
+    assert cfg.device.type == "cuda" and cfg.device.index is not None
+    assert cfg.pin_memory is True
+    assert create(device="cuda", pin_memory=False).pin_memory is False
+    with pytest.raises(ValueError, match=r"CUDA device\(s\)"):
+        create(device=f"cuda:{torch.cuda.device_count()}")
+
+
+def test_cpu_device_never_pins() -> None:
+    for device in (None, "cpu", "cpu:0", torch.device("cpu")):
+        for pin in (None, True, False):
+            cfg = create(device=device, pin_memory=pin)
+            assert cfg.device.type == "cpu"
+            assert cfg.pin_memory is False, (device, pin)
+    assert loader(pin_memory=True).config.pin_memory is False
+
+
+def test_resolve_device() -> None:
+    assert resolve_device(None) == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")).type == "cpu"
+
+
+def test_num_workers_none_is_usable_cpus() -> None:
+    cfg = create(num_workers=None)
+    assert cfg.num_workers == usable_cpus() == len(os.sched_getaffinity(0))
+    assert create(num_workers=3).num_workers == 3
+
+
+def test_usable_cpus_follows_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})
+    assert usable_cpus() == 3
+    assert create(num_workers=None).num_workers == 3
+
+
+def test_usable_cpus_without_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert usable_cpus() == 1
+
+
+def test_loader_defaults() -> None:
+    ld = aioloader.Loader(["a.jpg"])
+    cfg = ld.config
+    assert cfg.batch_size == 256
+    assert cfg.shuffle is True
+    assert cfg.seed == 0
+    assert cfg.drop_last is False
+    assert cfg.ordered is True
+    assert cfg.on_error == "raise"
+    assert cfg.max_failures is None
+    assert cfg.pin_memory is False
+    assert cfg.device == torch.device("cpu")
+    assert cfg.num_workers == usable_cpus()
+    assert isinstance(cfg.decode, ImageDecoder)
+    assert cfg.decode.output_shape == (3, 224, 224)
+    ld.close()
+
+
+def test_loader_decode_none_and_custom_decode() -> None:
+    assert loader(decode=None).config.decode is None
+    dec = ImageDecoder(32)
+    assert loader(decode=dec).config.decode is dec
+
+
+def test_loader_rejects_non_sequence_dataset() -> None:
+    for dataset in ("a.jpg", b"a.jpg", 5, None, {"a.jpg"}):
+        with pytest.raises(TypeError) as info:
+            aioloader.Loader(dataset)  # type: ignore[arg-type]
+        expected = f"dataset must be a FileDataset or a sequence of paths, got {type(dataset).__name__}"
+        assert str(info.value) == expected
+
+
+def test_loader_empty_dataset_rejected() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        aioloader.Loader([])
+
+
+def test_loader_len_before_start() -> None:
+    ds = FileDataset([f"{i}.jpg" for i in range(10)])
+    assert len(aioloader.Loader(ds, batch_size=4)) == 3
+    assert len(aioloader.Loader(ds, batch_size=4, drop_last=True)) == 2
+    assert len(aioloader.Loader(ds, batch_size=10, drop_last=True)) == 1
+    assert len(aioloader.Loader(ds, batch_size=11, drop_last=True)) == 0
+
+
+def test_constructing_a_loader_starts_nothing() -> None:
+    threads_before = set(threading.enumerate())
+    children_before = set(multiprocessing.active_children())
+    loaders = [
+        aioloader.Loader(["a.jpg", "b.jpg"]),
+        aioloader.Loader(["a.jpg"], decode=None, num_workers=2),
+        aioloader.Loader(FileDataset(["a.jpg"], labels=[0]), batch_size=1, on_error="skip", max_failures=0.5),
+    ]
+    for ld in loaders:
+        assert ld.state.value == "idle"
+        assert len(ld) >= 1
+        assert ld.stats.batches == 0
+    assert set(threading.enumerate()) == threads_before
+    assert set(multiprocessing.active_children()) == children_before
+    # Closing a loader that never started starts nothing either.
+    for ld in loaders:
+        ld.close()
+        ld.close()  # idempotent
+        assert ld.state.value == "closed"
+    assert set(threading.enumerate()) == threads_before
+    assert set(multiprocessing.active_children()) == children_before
+
+
+def test_invalid_arguments_start_nothing() -> None:
+    threads_before = set(threading.enumerate())
+    with pytest.raises(ValueError):
+        aioloader.Loader(["a.jpg"], prefetch=0)
+    assert set(threading.enumerate()) == threads_before

@@ -1,0 +1,406 @@
+"""Faults and bad input, on real files and real processes: each case ends in a clear error
+or a counted skip, loses nothing else, and never hangs (tests/faults.py injects them)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from faults import Fault, FlakyRead, SlowRead
+from helpers import flatten
+
+import aioloader
+from aioloader import (
+    DecodeError,
+    FileDataset,
+    Loader,
+    LoaderError,
+    LoaderTimeoutError,
+    ReadError,
+    WorkerCrashedError,
+)
+from aioloader.synthetic import make_image_folder
+
+ALL = list(range(37))
+
+
+def run_epoch(loader: Loader) -> list[int]:
+    return flatten(list(loader))
+
+
+# -- bad files ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def jpegs(tmp_path: Path) -> FileDataset:
+    root = make_image_folder(tmp_path / "img", num_images=12, num_classes=2, size=(64, 48))
+    return FileDataset.from_folder(root)
+
+
+def test_corrupt_jpeg_header(jpegs: FileDataset) -> None:
+    bad = Path(jpegs.path(3))
+    bad.write_bytes(b"\x00\x01garbage" + bad.read_bytes()[10:])
+    with Loader(
+        jpegs, batch_size=4, shuffle=False, decode=aioloader.ImageDecoder(16), num_workers=2
+    ) as loader:
+        with pytest.raises(DecodeError) as info:
+            list(loader)
+        assert info.value.path == str(bad) and "cannot identify image file" in str(info.value)
+        assert "Traceback" in info.value.worker_traceback
+
+
+@pytest.mark.parametrize("damage", ["truncated", "damaged scan"])
+def test_truncated_or_damaged_jpeg_never_gives_a_partial_image(jpegs: FileDataset, damage: str) -> None:
+    bad = Path(jpegs.path(5))
+    data = bad.read_bytes()
+    if damage == "truncated":
+        bad.write_bytes(data[: len(data) // 2])
+    else:  # keep the header, cut the entropy-coded data and the end-of-image marker
+        bad.write_bytes(data[: len(data) // 3] + b"\xff\xd9"[:0])
+    with Loader(
+        jpegs, batch_size=4, shuffle=False, decode=aioloader.ImageDecoder(16), num_workers=1
+    ) as loader:
+        with pytest.raises(DecodeError, match="truncated") as info:
+            list(loader)
+        assert info.value.index == 5
+        assert isinstance(info.value.__cause__, OSError)
+
+
+def test_corrupt_files_are_skipped_and_counted(jpegs: FileDataset, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aioloader")
+    for i in (2, 7):
+        Path(jpegs.path(i)).write_bytes(b"not a jpeg")
+    with Loader(
+        jpegs, batch_size=4, decode=aioloader.ImageDecoder(16), on_error="skip", num_workers=2
+    ) as loader:
+        sizes = [len(b[1]) for b in loader]
+        stats = loader.stats
+    assert sum(sizes) == 10
+    assert stats.failures_by_reason == {"DecodeError": 2}
+    assert set(stats.last_failed_paths) == {jpegs.path(2), jpegs.path(7)}
+    assert sum("skipped" in r.message for r in caplog.records) == 2
+
+
+def test_zero_byte_file_never_reaches_a_worker(numbered: list[str], tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    with (
+        Loader(
+            [numbered[0], str(empty)], batch_size=2, decode=Fault("raise", set()), num_workers=1
+        ) as loader,
+        pytest.raises(ReadError, match="empty file") as info,
+    ):
+        list(loader)
+    assert info.value.path == str(empty) and info.value.__cause__ is None
+
+
+def test_file_deleted_after_the_dataset_was_built(numbered: list[str], tmp_path: Path) -> None:
+    copy = [shutil.copy(p, tmp_path / Path(p).name) for p in numbered[:6]]
+    ds = FileDataset(copy)
+    os.unlink(copy[4])
+    fault = Fault("raise", set())
+    with (
+        Loader(ds, batch_size=3, shuffle=False, decode=fault, num_workers=1) as loader,
+        pytest.raises(ReadError) as info,
+    ):
+        list(loader)
+    assert info.value.path == str(copy[4]) and isinstance(info.value.__cause__, FileNotFoundError)
+
+
+PERMISSION_SCRIPT = """
+import aioloader
+
+if __name__ == "__main__":
+    with aioloader.Loader({paths!r}, batch_size=2, shuffle=False, decode=None) as loader:
+        try:
+            list(loader)
+        except aioloader.ReadError as err:
+            print("ReadError", type(err.__cause__).__name__, err.path)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_permission_denied_as_an_unprivileged_user(tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = Path("/tmp") / f"aioloader-perm-{os.getpid()}"
+    folder.mkdir(mode=0o755)
+    try:
+        ok, secret = folder / "ok.txt", folder / "secret.txt"
+        ok.write_bytes(b"sample-000001")
+        secret.write_bytes(b"sample-000002")
+        secret.chmod(0o000)
+        script = folder / "run.py"
+        script.write_text(
+            textwrap.dedent(
+                PERMISSION_SCRIPT.format(tests=os.path.dirname(__file__), paths=[str(ok), str(secret)])
+            )
+        )
+        proc = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=folder,
+        )
+    finally:
+        shutil.rmtree(folder)
+    if "Permission denied" in proc.stderr and "run.py" in proc.stderr:
+        pytest.skip("the unprivileged user cannot run this interpreter here")
+    assert proc.stdout.split() == ["ReadError", "PermissionError", str(secret)], proc.stderr
+
+
+def test_transient_read_errors_are_retried_and_counted(numbered: list[str]) -> None:
+    flaky = FlakyRead({3, 11, 30}, failures=2, err=errno.EIO)
+    with Loader(
+        numbered, batch_size=5, decode=Fault("raise", set()), read=flaky, read_retries=2, num_workers=1
+    ) as loader:
+        assert sorted(run_epoch(loader)) == ALL
+        assert loader.stats.read_retries == 6
+
+
+def test_read_errors_past_the_retries_fail(numbered: list[str]) -> None:
+    flaky = FlakyRead({8}, failures=3, err=errno.EAGAIN)
+    with Loader(
+        numbered, batch_size=5, decode=Fault("raise", set()), read=flaky, read_retries=2, num_workers=1
+    ) as loader:
+        with pytest.raises(ReadError) as info:
+            list(loader)
+        assert isinstance(info.value.__cause__, BlockingIOError) and info.value.index == 8
+
+
+def test_permanent_read_errors_are_not_retried(numbered: list[str]) -> None:
+    flaky = FlakyRead({8}, failures=5, err=errno.EACCES)
+    fault = Fault("raise", set())
+    with (
+        Loader(numbered, batch_size=5, decode=fault, read=flaky, num_workers=1) as loader,
+        pytest.raises(ReadError),
+    ):
+        list(loader)
+    assert flaky.attempts[numbered[8]] == 1
+
+
+# -- worker crashes and hangs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["kill", "exit", "segfault"])
+def test_worker_crash_once_is_recovered_without_loss(
+    numbered: list[str], tmp_path: Path, action: str
+) -> None:
+    fault = Fault(action, {13}, once=True, marker_dir=str(tmp_path))
+    with Loader(numbered, batch_size=4, decode=fault, num_workers=2) as loader:
+        got = run_epoch(loader)
+        assert sorted(got) == ALL  # every sample exactly once
+        assert loader.stats.worker_restarts == 1
+        assert sorted(run_epoch(loader)) == ALL  # and the rebuilt pool keeps working
+
+
+def test_a_file_that_always_crashes_its_worker_fails_alone(numbered: list[str]) -> None:
+    with Loader(numbered, batch_size=4, decode=Fault("kill", {13}), on_error="skip", num_workers=2) as loader:
+        got = run_epoch(loader)
+        stats = loader.stats
+    assert sorted(got) == [i for i in ALL if i != 13]
+    assert stats.failures_by_reason == {"DecodeError": 1} and stats.worker_restarts == 2
+
+
+def test_crashes_past_max_worker_restarts(numbered: list[str]) -> None:
+    with Loader(
+        numbered,
+        batch_size=4,
+        shuffle=False,
+        decode=Fault("kill", {5, 13, 21}),
+        max_worker_restarts=1,
+        num_workers=1,
+    ) as loader:
+        start = time.monotonic()
+        with pytest.raises(WorkerCrashedError) as info:
+            list(loader)
+        elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert "SIGKILL" in message and "pid " in message and "max_worker_restarts=1" in message
+    assert "f00005.txt" in message or "f00013.txt" in message
+    assert elapsed < 30  # a hang detector, not a speed claim
+
+
+def test_hung_decode_times_out_and_the_rest_continues(numbered: list[str]) -> None:
+    with Loader(
+        numbered, batch_size=4, decode=Fault("hang", {9}), sample_timeout=1.0, on_error="skip", num_workers=2
+    ) as loader:
+        got = run_epoch(loader)
+        stats = loader.stats
+    assert sorted(got) == [i for i in ALL if i != 9]
+    assert stats.failures_by_reason == {"LoaderTimeoutError": 1}
+    assert stats.worker_restarts == 0  # a timeout is not a crash
+
+
+def test_hung_decode_raises_a_timeout_naming_the_file(numbered: list[str]) -> None:
+    with Loader(
+        numbered, batch_size=4, shuffle=False, decode=Fault("hang", {9}), sample_timeout=1.0, num_workers=1
+    ) as loader:
+        with pytest.raises(LoaderTimeoutError) as info:
+            list(loader)
+        assert info.value.index == 9 and info.value.path == numbered[9]
+        assert sorted(run_epoch(Loader.__new__(Loader)) if False else []) == []
+        loader.set_epoch(1)
+        it = iter(loader)
+        assert flatten([next(it), next(it)]) == list(range(8))  # still usable
+
+
+def test_hung_read_times_out(numbered: list[str]) -> None:
+    slow = SlowRead({17}, seconds=3.0)
+    with Loader(
+        numbered,
+        batch_size=4,
+        decode=Fault("raise", set()),
+        read=slow,
+        sample_timeout=0.5,
+        on_error="skip",
+        num_workers=1,
+    ) as loader:
+        got = run_epoch(loader)
+        stats = loader.stats
+    assert sorted(got) == [i for i in ALL if i != 17]
+    assert stats.failures_by_reason == {"LoaderTimeoutError": 1}
+
+
+# -- the process around the loader ---------------------------------------------------------
+
+SIGINT_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from faults import Fault
+import aioloader
+
+if __name__ == "__main__":
+    hang = Fault("hang", set(range(3, 100)), seconds=60)
+    with aioloader.Loader({paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2) as loader:
+        for batch in loader:
+            print("batch", flush=True)
+"""
+
+
+def _run_script(tmp_path: Path, text: str, **fmt: object) -> subprocess.Popen[str]:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(text.format(tests=os.path.dirname(__file__), **fmt)))
+    return subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _session_survivors(pid: int, wait: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + wait
+    while True:
+        out = subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
+        if not out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.1)
+
+
+def test_ctrl_c_while_iterating(numbered: list[str], tmp_path: Path) -> None:
+    proc = _run_script(tmp_path, SIGINT_SCRIPT, paths=numbered)
+    try:
+        assert proc.stdout is not None
+        for _ in range(3):
+            assert proc.stdout.readline().strip() == "batch"
+        time.sleep(0.3)  # now blocked waiting for a batch that never comes
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert err.count("Traceback") == 1, err  # the main one: no stray tracebacks from workers
+    assert elapsed < 20  # a hang detector; the close itself is bounded by its grace periods
+    assert _session_survivors(proc.pid) == []
+
+
+EXIT_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from faults import Fault
+import aioloader
+
+if __name__ == "__main__":
+    hang = Fault("hang", set(range(2, 100)), seconds=60)
+    loader = aioloader.Loader({paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2)
+    it = iter(loader)
+    next(it)
+    print("exiting", flush=True)
+"""
+
+
+def test_exit_with_an_open_loader_and_hung_workers(numbered: list[str], tmp_path: Path) -> None:
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")}
+    proc = _run_script(tmp_path, EXIT_SCRIPT, paths=numbered)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "exiting" in out, err
+    assert "Traceback" not in err, err
+    assert _session_survivors(proc.pid) == []
+    assert {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")} <= before
+
+
+def test_fork_while_a_loader_runs(numbered: list[str]) -> None:
+    with Loader(numbered, batch_size=4, decode=Fault("raise", set()), num_workers=1) as loader:
+        it = iter(loader)
+        next(it)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: any use is a clear error; exiting must not touch the parent's
+            os.close(r)
+            try:
+                next(it)
+                msg = "no error"
+            except LoaderError as err:
+                msg = str(err)
+            os.write(w, msg.encode())
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            child_says = f.read()
+        os.waitpid(pid, 0)
+        assert "forked child" in child_says
+        rest = flatten(list(it))
+        assert len(rest) == 37 - 4  # the parent is unaffected
+
+
+RLIMIT_SCRIPT = """
+import resource, sys, logging
+sys.path.insert(0, {tests!r})
+from faults import Fault
+import aioloader
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (60, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    fault = Fault("raise", set())
+    with aioloader.Loader({paths!r}, batch_size=8, decode=fault, io_concurrency=64, num_workers=2) as loader:
+        n = sum(len(b) for b in loader)
+    print("samples", n)
+"""
+
+
+def test_low_open_file_limit_adapts(numbered: list[str], tmp_path: Path) -> None:
+    proc = _run_script(tmp_path, RLIMIT_SCRIPT, paths=numbered)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "samples 37" in out
+    assert "io_concurrency=64 lowered to" in err and "ulimit -n" in err
