@@ -9,7 +9,7 @@ on-GPU train step. Skips cleanly (exit 0) without CUDA; asserts nothing about ti
     plus a synchronous ``.to(device)`` per batch. Batches are built by a collate function
     from tiny files, so the data side is fast and only the copy is under test.
 
-    python benchmarks/gpu_overlap.py [--steps 60] [--train-ms 20]
+    python benchmarks/gpu_overlap.py [--steps 60] [--train-ms 20] [--matrix 4096 2048]
 """
 
 from __future__ import annotations
@@ -100,8 +100,11 @@ class MakeBatch:
         return out
 
 
-def make_train_step(dev: torch.device, train_ms: float) -> Any:
-    a = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16)
+def make_train_step(dev: torch.device, train_ms: float, matrix: int) -> Any:
+    """A step of ``k`` ``tanh(y @ a)`` rounds on ``matrix`` x ``matrix`` bf16, ``k`` calibrated
+    to ``train_ms``. Small matrices make a launch-bound step (many tiny kernels, the trainer's
+    Python thread busy the whole step); large ones a compute-bound step, like a real net's."""
+    a = torch.randn(matrix, matrix, device=dev, dtype=torch.bfloat16)
 
     def step(images: torch.Tensor, k: int) -> torch.Tensor:
         x = images.float().mean()  # reads the whole batch
@@ -125,7 +128,9 @@ def make_train_step(dev: torch.device, train_ms: float) -> Any:
         k = max(k + 1, int(k * train_ms / 1e3 / max(per, 1e-6)))
 
 
-def overlap(batch: int, steps: int, train_ms: float, dev: torch.device, folder: str) -> dict[str, float]:
+def overlap(
+    batch: int, steps: int, train_ms: float, matrix: int, dev: torch.device, folder: str
+) -> dict[str, float]:
     paths = []
     files_per_batch = 4
     for i in range(files_per_batch * (steps + 2)):
@@ -134,7 +139,7 @@ def overlap(batch: int, steps: int, train_ms: float, dev: torch.device, folder: 
             with open(p, "wb") as f:
                 f.write(b"x" * (1 + i % 7))
         paths.append(p)
-    step, k, _ = make_train_step(dev, train_ms)
+    step, k, _ = make_train_step(dev, train_ms, matrix)
     # Synchronous copy cost alone (pageable -> device, as a plain `.to(device)` does).
     host = MakeBatch(batch)([b"x"] * batch)
     torch.cuda.synchronize()
@@ -182,7 +187,15 @@ def overlap(batch: int, steps: int, train_ms: float, dev: torch.device, folder: 
     # The trainer's data stall is (step time - train alone); the synchronous way's stall is
     # the copy plus the launch gap it opens. "Hidden" is the share of that stall removed.
     hidden = 1 - max(0.0, aio - t_train) / max(sync - t_train, 1e-9)
-    return {"t_train": t_train, "t_copy": t_copy, "sync": sync, "aio": aio, "hidden": hidden}
+    launches = 2 * k / (t_train * 1e3)  # a matmul and a tanh per round
+    return {
+        "t_train": t_train,
+        "t_copy": t_copy,
+        "sync": sync,
+        "aio": aio,
+        "hidden": hidden,
+        "launches": launches,
+    }
 
 
 def main() -> int:
@@ -191,7 +204,18 @@ def main() -> int:
     )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--train-ms", type=float, default=20.0)
+    parser.add_argument(
+        "--matrix", type=int, nargs="+", default=[4096, 2048], help="matmul sizes of the train step"
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval seconds (default: Python's 0.005), to see GIL hand-off effects",
+    )
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if not torch.cuda.is_available():
         print("gpu_overlap: no CUDA device here; skipped.")
         return 0
@@ -201,7 +225,9 @@ def main() -> int:
         f"python {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
     )
-    print(f"# command: python {' '.join(sys.argv)}\n")
+    print(
+        f"# command: python {' '.join(sys.argv)} (GIL switch interval {sys.getswitchinterval() * 1e3:g} ms)\n"
+    )
     print("## (a) host-to-device bandwidth, GB/s")
     print(
         "| batch | pinned copy_ peak | staging memcpy (host) | bridge, one at a time | bridge, pipelined | pipelined / peak |"
@@ -215,16 +241,17 @@ def main() -> int:
         )
     print(f"\n## (b) train step of ~{args.train_ms:g} ms fed by the loader, ms per step ({args.steps} steps)")
     print(
-        "| batch | train alone | sync .to() copy alone | DataLoader-style: .to() then train | aioloader device=cuda | speedup | stall hidden |"
+        "| step matmul | kernels/ms | batch | train alone | sync .to() copy alone | DataLoader-style: .to() then train | aioloader device=cuda | speedup | stall hidden |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as folder:
-        for batch in (64, 256):
-            r = overlap(batch, args.steps, args.train_ms, dev, folder)
-            print(
-                f"| {batch} | {ms(r['t_train'])} | {ms(r['t_copy'])} | {ms(r['sync'])} | {ms(r['aio'])} | "
-                f"{r['sync'] / r['aio']:.2f}x | {r['hidden']:.0%} |"
-            )
+        for matrix in args.matrix:
+            for batch in (64, 256):
+                r = overlap(batch, args.steps, args.train_ms, matrix, dev, folder)
+                print(
+                    f"| {matrix}x{matrix} | {r['launches']:.0f} | {batch} | {ms(r['t_train'])} | {ms(r['t_copy'])} | "
+                    f"{ms(r['sync'])} | {ms(r['aio'])} | {r['sync'] / r['aio']:.2f}x | {r['hidden']:.0%} |"
+                )
     return 0
 
 
