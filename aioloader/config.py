@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["LoaderConfig", "resolve_device", "usable_cpus"]
+__all__ = ["LoaderConfig", "resolve_device", "resolve_rank", "usable_cpus"]
 
 OnError = Literal["raise", "skip"]
 
@@ -60,6 +60,25 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def resolve_rank(rank: object, world_size: object) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else torch.distributed's when a process group is
+    initialised, else ``(0, 1)``."""
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        else:
+            rank = 0 if rank is None else rank
+            world_size = 1 if world_size is None else world_size
+    ws = _positive_int("world_size", world_size)
+    r = _non_negative_int("rank", rank)
+    if r >= ws:
+        raise ValueError(f"rank={r} must be below world_size={ws}")
+    return r, ws
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """Every setting of a :class:`~aioloader.Loader`, validated (see ``Loader`` for meanings)."""
@@ -83,6 +102,9 @@ class LoaderConfig:
     read_retries: int = 2
     sample_timeout: float | None = None
     max_worker_restarts: int = 3
+    rank: int = 0
+    world_size: int = 1
+    pad_shards: bool = True
 
     @classmethod
     def create(
@@ -107,6 +129,9 @@ class LoaderConfig:
         read_retries: object = 2,
         sample_timeout: object = None,
         max_worker_restarts: object = 3,
+        rank: object = None,
+        world_size: object = None,
+        pad_shards: object = True,
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
@@ -121,6 +146,7 @@ class LoaderConfig:
             ("drop_last", drop_last),
             ("ordered", ordered),
             ("zero_copy", zero_copy),
+            ("pad_shards", pad_shards),
         )
         for name, flag in flags:
             if not isinstance(flag, bool):
@@ -158,6 +184,7 @@ class LoaderConfig:
             raise ValueError(
                 f"sample_timeout={sample_timeout!r} must be a positive number of seconds or None"
             )
+        the_rank, the_world = resolve_rank(rank, world_size)
         return cls(
             batch_size=bs,
             decode=decode,
@@ -178,4 +205,7 @@ class LoaderConfig:
             read_retries=retries,
             sample_timeout=None if sample_timeout is None else float(sample_timeout),
             max_worker_restarts=restarts,
+            rank=the_rank,
+            world_size=the_world,
+            pad_shards=bool(pad_shards),
         )

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from ._worker import Result
@@ -90,7 +91,7 @@ class Engine:
         self.chunk = chunk_size(config.batch_size, config.num_workers)
 
     async def produce(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
-        """Put batches ``plan.start..len(plan)-1`` into ``out``, then ``END`` or a
+        """Put the batches of ``plan.pending()`` into ``out``, then ``END`` or a
         ``Failure``. Cancelling the task cancels every read and decode it started."""
         if self._decode_sem is None:
             self._decode_sem = asyncio.Semaphore(2 * self._cfg.num_workers)
@@ -110,12 +111,11 @@ class Engine:
         finish with ``ordered=False`` (a batch waiting on one slow file does not hold back
         the others)."""
         building: deque[asyncio.Task[Batch | None]] = deque()
-        next_k = plan.start
+        todo = deque(plan.pending())
         try:
-            while next_k < len(plan) or building:
-                while next_k < len(plan) and len(building) < self.window:
-                    building.append(asyncio.ensure_future(self._batch(plan, next_k)))
-                    next_k += 1
+            while todo or building:
+                while todo and len(building) < self.window:
+                    building.append(asyncio.ensure_future(self._batch(plan, todo.popleft())))
                 if self._cfg.ordered:
                     task = building[0]
                     await task
@@ -289,10 +289,12 @@ class Engine:
     ) -> tuple[Batch | None, Slab | None]:
         """The batch from decoded rows; returns the slab too unless the batch now owns it."""
         kept = [r for r, res in enumerate(results) if res is not SKIPPED]
-        if not kept:
-            return None, slab
+        if not kept:  # every sample skipped: an empty marker keeps the resume position exact
+            return Batch(index=k, value=None, size=0), slab
         labels = self._ds.labels
-        label_tensor = None if labels is None else torch.from_numpy(labels[[indices[r] for r in kept]])
+        label_tensor = (
+            None if labels is None else torch.from_numpy(labels[[indices[r] for r in kept]].astype(np.int64))
+        )
         if slab is not None and all(results[r] is WROTE for r in kept) and self._cfg.collate is None:
             if len(kept) == len(results) and self._cfg.zero_copy:
                 array = slab.output(len(kept))

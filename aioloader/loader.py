@@ -26,8 +26,9 @@ from .decode import ImageDecoder
 from .errors import LoaderClosedError, LoaderError
 from .handoff import Closed
 from .items import Batch, End, Failure, Item
+from .resume import Progress, ResumePoint, check_state, make_state, plan_for
 from .runtime import Runtime
-from .sampler import EpochPlan, num_batches, plan_epoch
+from .sampler import num_batches, shard_size
 from .stats import Counters, LoaderStats
 
 __all__ = ["Loader"]
@@ -89,10 +90,20 @@ class Loader:
         max_worker_restarts: decode-pool rebuilds after worker crashes (signal, ``os._exit``)
             over the loader's life; the crash past it raises :class:`WorkerCrashedError`.
 
+        rank, world_size: this process's shard of every epoch (default: torch.distributed's
+            rank and world size when a process group is initialised, else 0 and 1). Each
+            rank sees a disjoint part of the epoch's order; all ranks get the same number of
+            batches.
+        pad_shards: make shards equal by repeating a few samples (default, like
+            ``DistributedSampler``), or by dropping the tail that does not fill a round.
+
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
     :meth:`set_epoch` since the previous iteration began, else the previous epoch + 1 (the
     first is 0). Starting a new iteration cancels an unfinished one.
+
+    :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch: the batches after a
+    resume are exactly those an uninterrupted run would have delivered.
     """
 
     def __init__(
@@ -118,6 +129,9 @@ class Loader:
         read_retries: int = 2,
         sample_timeout: float | None = None,
         max_worker_restarts: int = 3,
+        rank: int | None = None,
+        world_size: int | None = None,
+        pad_shards: bool = True,
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -141,6 +155,9 @@ class Loader:
             read_retries=read_retries,
             sample_timeout=sample_timeout,
             max_worker_restarts=max_worker_restarts,
+            rank=rank,
+            world_size=world_size,
+            pad_shards=pad_shards,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset
@@ -158,6 +175,8 @@ class Loader:
         self._epoch = 0
         self._epoch_set = True  # the first iteration uses epoch 0 unless set_epoch says otherwise
         self._run: Run | None = None
+        self._resume: ResumePoint | None = None  # from load_state_dict, until its epoch starts
+        self._progress: Progress | None = None  # of the current (or last) iteration
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -183,14 +202,17 @@ class Loader:
         return self._counters.snapshot()
 
     def __len__(self) -> int:
-        """Batches per epoch."""
-        return num_batches(len(self._dataset), self._config.batch_size, self._config.drop_last)
+        """Batches per epoch on this rank (a resumed epoch delivers only the rest of them)."""
+        cfg = self._config
+        per_rank = shard_size(len(self._dataset), cfg.world_size, cfg.pad_shards)
+        return num_batches(per_rank, cfg.batch_size, cfg.drop_last)
 
     def __repr__(self) -> str:
         return f"<Loader {self._state.value} {self._dataset!r} batch_size={self._config.batch_size}>"
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch`` for the next iteration (its shuffle order and augmentation seeds)."""
+        """Use ``epoch`` for the next iteration (its shuffle order and augmentation seeds).
+        After :meth:`load_state_dict`, the state's own epoch keeps its position."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be a non-negative integer")
         self._epoch = epoch
@@ -255,19 +277,47 @@ class Loader:
         if not self._epoch_set:
             self._epoch += 1
         self._epoch_set = False
-        cfg = self._config
-        plan: EpochPlan = plan_epoch(
-            len(self._dataset),
-            batch_size=cfg.batch_size,
-            shuffle=cfg.shuffle,
-            seed=cfg.seed,
-            epoch=self._epoch,
-            drop_last=cfg.drop_last,
-        )
+        plan = plan_for(self._config, len(self._dataset), self._epoch, self._resume)
+        point = self._resume if self._resume is not None and self._resume.epoch == self._epoch else None
+        self._resume = None
+        self._progress = Progress(self._epoch, len(plan), point)
         self._counters.begin_epoch(self._epoch)
         run = runtime.start_run(plan)
         self._run = run
-        return _Cursor(self, runtime, run)
+        return _Cursor(self, runtime, run, self._progress)
+
+    # -- resumption -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-serialisable snapshot of where this rank is in its epoch (batches the
+        trainer has received; prefetched ones are not counted). See :mod:`aioloader.resume`."""
+        progress = self._progress
+        if progress is None or (self._epoch_set and progress.epoch != self._epoch):
+            progress = Progress(self._epoch, len(self))  # the next iteration starts this epoch afresh
+        snap = self._counters.snapshot()
+        stats = {
+            "samples": snap.samples,
+            "batches": snap.batches,
+            "failures_by_reason": snap.failures_by_reason,
+        }
+        return make_state(self._config, len(self._dataset), progress, stats)
+
+    def load_state_dict(self, state: dict[str, Any], *, allow_reshard: bool = False) -> None:
+        """Resume from ``state`` (from :meth:`state_dict` of a loader over the same dataset,
+        seed and batch size): the next iteration of the state's epoch delivers the batches
+        that were not received yet. A state from another world size is refused unless
+        ``allow_reshard``: then the samples no old rank received are spread over the new
+        ranks, each once (plus the padding that keeps the ranks' batch counts equal)."""
+        point = check_state(state, self._config, len(self._dataset), allow_reshard=allow_reshard)
+        stats = state.get("stats") or {}
+        self._counters.restore(
+            int(stats.get("samples", 0)),
+            int(stats.get("batches", 0)),
+            dict(stats.get("failures_by_reason", {})),
+        )
+        self._resume = point
+        self._epoch, self._epoch_set = point.epoch, True
+        total = len(plan_for(self._config, len(self._dataset), point.epoch, point))
+        self._progress = Progress(point.epoch, total, point)
 
     def __iter__(self) -> Iterator[Any]:
         return _SyncIterator(self._begin())
@@ -276,25 +326,42 @@ class Loader:
         return _AsyncIterator(self._begin())
 
 
+_EMPTY: Any = object()
+
+
 class _Cursor:
     """The consumer's side of one run, shared by both iterators."""
 
-    def __init__(self, loader: Loader, runtime: Runtime, run: Run) -> None:
+    def __init__(self, loader: Loader, runtime: Runtime, run: Run, progress: Progress) -> None:
         self.loader = loader
         self.runtime = runtime
         self.run = run
+        self.progress = progress
         self.done = False
         # An iterator dropped mid-epoch (``break``) cancels its run's reads and decodes.
         self._finalizer = weakref.finalize(self, run.cancel)
 
+    def check(self) -> None:
+        """Refuse use from a forked child, or after close (even with a batch still queued)."""
+        self.runtime.check_owner()
+        if self.loader.state is State.CLOSED:
+            self.done = True
+            raise LoaderClosedError(CLOSED_MESSAGE)
+
     def deliver(self, item: Item, waited: float) -> Any:
+        """The batch to hand to the trainer; ``_EMPTY`` for a batch whose samples were all
+        skipped (the iterator then takes the next item)."""
         if isinstance(item, Batch):
+            self.progress.mark(item.index, item.size)
+            if item.size == 0:
+                return _EMPTY
             value = self.runtime.copier.receive(item)
             self.loader._counters.delivered(item.size, waited)
             return value
         self.done = True
         self._finalizer()
         if isinstance(item, End):
+            self.progress.finish()
             self.loader._counters.end_epoch()
             raise StopIteration
         assert isinstance(item, Failure)
@@ -314,15 +381,18 @@ class _SyncIterator(Iterator[Any]):
 
     def __next__(self) -> Any:
         c = self._cursor
-        c.runtime.check_owner()
+        c.check()
         if c.done:
             raise StopIteration
         start = time.perf_counter()
-        try:
-            item = c.run.handoff.get()
-        except Closed:
-            raise c.closed() from None
-        return c.deliver(item, time.perf_counter() - start)
+        while True:
+            try:
+                item = c.run.handoff.get()
+            except Closed:
+                raise c.closed() from None
+            value = c.deliver(item, time.perf_counter() - start)
+            if value is not _EMPTY:
+                return value
 
 
 class _AsyncIterator(AsyncIterator[Any]):
@@ -331,18 +401,21 @@ class _AsyncIterator(AsyncIterator[Any]):
 
     async def __anext__(self) -> Any:
         c = self._cursor
-        c.runtime.check_owner()
+        c.check()
         if c.done:
             raise StopAsyncIteration
         start = time.perf_counter()
-        try:
-            item = await c.run.handoff.aget()
-        except Closed:
-            raise c.closed() from None
-        try:
-            return c.deliver(item, time.perf_counter() - start)
-        except StopIteration:
-            raise StopAsyncIteration from None
+        while True:
+            try:
+                item = await c.run.handoff.aget()
+            except Closed:
+                raise c.closed() from None
+            try:
+                value = c.deliver(item, time.perf_counter() - start)
+            except StopIteration:
+                raise StopAsyncIteration from None
+            if value is not _EMPTY:
+                return value
 
 
 async def _in_thread(fn: Callable[[], object]) -> None:

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EpochPlan", "epoch_order", "num_batches", "plan_epoch", "shard"]
+__all__ = [
+    "EpochPlan",
+    "epoch_order",
+    "num_batches",
+    "plan_epoch",
+    "plan_remainder",
+    "shard",
+    "shard_size",
+]
 
 IndexArray = npt.NDArray[np.int64]
 
@@ -47,6 +55,11 @@ def shard(order: IndexArray, rank: int, world_size: int, *, pad: bool = True) ->
     return order[rank::world_size]
 
 
+def shard_size(n: int, world_size: int, pad: bool = True) -> int:
+    """Samples each rank sees in an epoch of ``n`` (see :func:`shard`)."""
+    return math.ceil(n / world_size) if pad else n // world_size
+
+
 def num_batches(num_samples: int, batch_size: int, drop_last: bool) -> int:
     """Batches in an epoch of ``num_samples``: the last partial batch counts unless
     ``drop_last``."""
@@ -60,14 +73,16 @@ class EpochPlan:
     """The samples of one epoch on one rank, cut into batches.
 
     ``indices`` holds exactly the samples that will be delivered (the tail that
-    ``drop_last`` drops is already removed); ``start`` is the first batch to produce (a
-    resumed epoch starts past 0).
+    ``drop_last`` drops is already removed). A resumed epoch skips what was delivered
+    before: every batch below ``start``, and the batches in ``done`` (delivered out of order
+    with ``ordered=False``).
     """
 
     epoch: int
     indices: IndexArray
     batch_size: int
     start: int = 0
+    done: frozenset[int] = frozenset()
 
     def __len__(self) -> int:
         return math.ceil(len(self.indices) / self.batch_size)
@@ -75,6 +90,10 @@ class EpochPlan:
     def batch(self, k: int) -> IndexArray:
         """Dataset indices of batch ``k`` (0-based within the epoch)."""
         return self.indices[k * self.batch_size : (k + 1) * self.batch_size]
+
+    def pending(self) -> list[int]:
+        """The batches still to produce, in order."""
+        return [k for k in range(self.start, len(self)) if k not in self.done]
 
 
 def plan_epoch(
@@ -87,9 +106,77 @@ def plan_epoch(
     drop_last: bool,
     rank: int = 0,
     world_size: int = 1,
+    pad: bool = True,
     start: int = 0,
+    done: frozenset[int] = frozenset(),
 ) -> EpochPlan:
     """Plan ``epoch``: order, shard for ``rank``, then drop the last partial batch if asked."""
-    indices = shard(epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch), rank, world_size)
+    indices = shard(epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch), rank, world_size, pad=pad)
     keep = num_batches(len(indices), batch_size, drop_last) * batch_size
-    return EpochPlan(epoch=epoch, indices=indices[:keep], batch_size=batch_size, start=start)
+    return EpochPlan(epoch=epoch, indices=indices[:keep], batch_size=batch_size, start=start, done=done)
+
+
+def plan_remainder(
+    n: int,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    drop_last: bool,
+    old_world_size: int,
+    consumed_batches: int,
+    rank: int,
+    world_size: int,
+    pad: bool = True,
+) -> EpochPlan:
+    """The rest of an epoch interrupted on ``old_world_size`` ranks, re-sharded over
+    ``world_size`` ranks.
+
+    Ranks run in lockstep (a collective op per step), so when one rank had consumed
+    ``consumed_batches`` batches, every old rank had consumed its first
+    ``consumed_batches`` batches. The samples none of them delivered, in epoch order and
+    each once, are sharded again over the new ranks; the new shards are made equal like
+    any epoch's (``pad`` repeats a few of them), so each new rank gets the same number of
+    batches.
+    """
+    delivered: set[int] = set()
+    for r in range(old_world_size):
+        old = plan_epoch(
+            n,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            drop_last=drop_last,
+            rank=r,
+            world_size=old_world_size,
+            pad=pad,
+        )
+        delivered.update(old.indices[: consumed_batches * batch_size].tolist())
+    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
+    if not pad:  # the old epoch never had the tail that did not fill a round
+        order = order[: (n // old_world_size) * old_world_size]
+    if drop_last:  # nor the samples of each old rank's dropped partial batch
+        kept: set[int] = set()
+        for r in range(old_world_size):
+            kept.update(
+                plan_epoch(
+                    n,
+                    batch_size=batch_size,
+                    shuffle=shuffle,
+                    seed=seed,
+                    epoch=epoch,
+                    drop_last=True,
+                    rank=r,
+                    world_size=old_world_size,
+                    pad=pad,
+                ).indices.tolist()
+            )
+        order = order[np.isin(order, list(kept))]
+    rest = order[~np.isin(order, list(delivered))] if delivered else order
+    if len(rest) == 0:
+        return EpochPlan(epoch=epoch, indices=rest, batch_size=batch_size)
+    indices = shard(rest, rank, world_size, pad=pad)
+    keep = num_batches(len(indices), batch_size, drop_last) * batch_size
+    return EpochPlan(epoch=epoch, indices=indices[:keep], batch_size=batch_size)

@@ -95,6 +95,12 @@ class Counters:
         with self._lock:
             self.read_retries += 1
 
+    def restore(self, samples: int, batches: int, failures: dict[str, int]) -> None:
+        """Carry totals over from a resumed run's state."""
+        with self._lock:
+            self.samples, self.batches = samples, batches
+            self.failures = Counter(failures)
+
     def snapshot(self) -> LoaderStats:
         with self._lock:
             end = self.epoch_end if self.epoch_end is not None else time.perf_counter()

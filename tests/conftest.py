@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import write_numbered_files
+from helpers import shm_segments, write_numbered_files
 
 from aioloader.synthetic import make_image_folder
 from aioloader.workers import mp_context
@@ -84,11 +84,8 @@ def _fds() -> set[str]:
 
 
 def _segments() -> set[str]:
-    """aioloader's shared-memory segments in /dev/shm."""
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")}
-    except FileNotFoundError:
-        return set()
+    """aioloader's shared-memory segments made by this process."""
+    return shm_segments()
 
 
 def _threads() -> set[str]:

@@ -106,3 +106,14 @@ def write_sized_files(folder: Path, sizes: list[int]) -> list[str]:
 def decode_head(data: bytes) -> np.ndarray:
     """Like decode_number, but for files padded past their number (write_sized_files)."""
     return decode_number(data[:13]) * 0 + np.array([int(data[7:13]), len(data)], dtype=np.int64)
+
+
+def shm_segments(pid: int | None = None) -> set[str]:
+    """aioloader's shared-memory segments in /dev/shm made by process ``pid`` (default: this
+    one). Segment names start with their maker's pid, so loaders in other processes on the
+    same machine (a parallel test run) do not count."""
+    prefix = f"aioloader-{os.getpid() if pid is None else pid}-"
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+    except FileNotFoundError:
+        return set()

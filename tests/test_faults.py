@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from faults import Fault, FlakyRead, SlowRead
-from helpers import flatten
+from helpers import flatten, shm_segments
 
 import aioloader
 from aioloader import (
@@ -326,6 +326,7 @@ def test_ctrl_c_while_iterating(numbered: list[str], tmp_path: Path) -> None:
     assert err.count("Traceback") == 1, err  # the main one: no stray tracebacks from workers
     assert elapsed < 20  # a hang detector; the close itself is bounded by its grace periods
     assert _session_survivors(proc.pid) == []
+    assert shm_segments(proc.pid) == set()
 
 
 EXIT_SCRIPT = """
@@ -344,7 +345,6 @@ if __name__ == "__main__":
 
 
 def test_exit_with_an_open_loader_and_hung_workers(numbered: list[str], tmp_path: Path) -> None:
-    before = {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")}
     proc = _run_script(tmp_path, EXIT_SCRIPT, paths=numbered)
     try:
         out, err = proc.communicate(timeout=60)
@@ -355,7 +355,7 @@ def test_exit_with_an_open_loader_and_hung_workers(numbered: list[str], tmp_path
     assert proc.returncode == 0 and "exiting" in out, err
     assert "Traceback" not in err, err
     assert _session_survivors(proc.pid) == []
-    assert {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")} <= before
+    assert shm_segments(proc.pid) == set()
 
 
 def test_fork_while_a_loader_runs(numbered: list[str]) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import FixedShape, decode_head, decode_number, write_sized_files
+from helpers import FixedShape, decode_head, decode_number, shm_segments, write_sized_files
 
 import aioloader
 from aioloader import FileDataset, Loader, LoaderError
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
 
 
 def segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")}
+    return shm_segments()
 
 
 def test_slab_batches_are_views_of_shared_memory(numbered: list[str]) -> None:
