@@ -52,7 +52,7 @@ class FileDataset:
     (folders or string labels).
 
     Paths live in a compact :class:`~aioloader.pathtable.PathTable` (about ``len(file
-    name) + 12`` bytes each) and labels in one ``int64`` array, so 30 M files fit in well
+    name) + 8`` bytes each) and labels in one ``int64`` array, so 30 M files fit in well
     under 2 GB and every look-up is O(1); see ``benchmarks/index_scale.py``.
     """
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +33,7 @@ class PathTable(Sequence[str]):
         folders: list[str],
         folder_ids: npt.NDArray[np.int32],
         names: npt.NDArray[np.uint8],
-        offsets: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.integer[Any]],
     ) -> None:
         self._folders = folders
         self._folder_ids = folder_ids
@@ -122,4 +122,8 @@ class PathTableBuilder:
         memory of a build stays one table); the builder must not be used afterwards."""
         ids = np.frombuffer(self._folder_ids, dtype=np.int32) if len(self) else np.zeros(0, np.int32)
         names = np.frombuffer(self._names, dtype=np.uint8) if self._names else np.zeros(0, np.uint8)
-        return PathTable(self._folders, ids, names, np.frombuffer(self._offsets, dtype=np.int64))
+        offsets: npt.NDArray[np.integer[Any]] = np.frombuffer(self._offsets, dtype=np.int64)
+        if offsets[-1] < 2**32:  # names under 4 GiB (30 M names of 100 bytes): 4 bytes an entry
+            offsets = offsets.astype(np.uint32)
+        self._offsets = array("q")  # let the int64 copy go now
+        return PathTable(self._folders, ids, names, offsets)

@@ -1,0 +1,183 @@
+"""Resumption and rank sharding as pure logic: state dicts, their checks, re-sharding plans
+(no event loop, no processes). The loader-level cases are in test_resume_sync.py and
+test_resume_async.py."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from aioloader.config import LoaderConfig, resolve_rank
+from aioloader.resume import Progress, ResumePoint, check_state, make_state, plan_for
+from aioloader.sampler import plan_epoch, plan_remainder
+
+
+def config(**kw: object) -> LoaderConfig:
+    args: dict[str, object] = {
+        "batch_size": 4,
+        "decode": None,
+        "collate": None,
+        "shuffle": True,
+        "seed": 3,
+        "drop_last": False,
+        "num_workers": 1,
+        "io_concurrency": 4,
+        "prefetch": 2,
+        "ordered": True,
+        "device": None,
+        "pin_memory": None,
+        "on_error": "raise",
+        "max_failures": None,
+    }
+    args.update(kw)
+    return LoaderConfig.create(**args)
+
+
+def test_progress_tracks_the_received_prefix_and_out_of_order_batches() -> None:
+    p = Progress(epoch=2, total=6)
+    p.mark(0, 4)
+    p.mark(2, 4)
+    p.mark(3, 4)
+    assert (p.next, p.after, p.samples) == (1, {2, 3}, 12)
+    p.mark(1, 3)
+    assert (p.next, p.after, p.samples) == (4, set(), 15)
+    p.finish()
+    assert (p.next, p.after) == (6, set())
+
+
+def test_state_is_small_json_and_round_trips() -> None:
+    cfg = config(rank=1, world_size=2)
+    p = Progress(epoch=5, total=10)
+    for k in (0, 1, 3):
+        p.mark(k, 4)
+    state = make_state(cfg, 37, p, {"samples": 12, "batches": 3, "failures_by_reason": {"DecodeError": 1}})
+    text = json.dumps(state)
+    assert len(text) < 1000
+    again = json.loads(text)
+    point = check_state(again, cfg, 37)
+    assert point == ResumePoint(epoch=5, start=2, done=frozenset({3}), samples=12, base=None)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"seed": 4}, "seed"),
+        ({"batch_size": 5}, "batch_size"),
+        ({"shuffle": False}, "shuffle"),
+        ({"drop_last": True}, "drop_last"),
+        ({"pad_shards": False}, "pad_shards"),
+    ],
+)
+def test_a_state_for_other_batches_is_refused(change: dict[str, object], field: str) -> None:
+    state = make_state(config(), 37, Progress(0, 10), {})
+    with pytest.raises(ValueError, match=f"taken with {field}="):
+        check_state(state, config(**change), 37)
+
+
+def test_a_state_for_another_dataset_length_is_refused() -> None:
+    state = make_state(config(), 37, Progress(0, 10), {})
+    with pytest.raises(ValueError, match="dataset_len=37, this loader has dataset_len=38"):
+        check_state(state, config(), 38)
+
+
+def test_not_a_state_and_a_future_version_are_refused() -> None:
+    with pytest.raises(ValueError, match="not an aioloader state dict"):
+        check_state({"epoch": 1}, config(), 37)
+    state = make_state(config(), 37, Progress(0, 10), {})
+    state["version"] = 99
+    with pytest.raises(ValueError, match="version 99 is not supported"):
+        check_state(state, config(), 37)
+
+
+def test_world_size_change_needs_allow_reshard_and_rank_must_match() -> None:
+    state = make_state(config(rank=0, world_size=2), 37, Progress(0, 5), {})
+    with pytest.raises(ValueError, match="world_size=2, this loader has world_size=3; pass allow_reshard"):
+        check_state(state, config(rank=0, world_size=3), 37)
+    point = check_state(state, config(rank=2, world_size=3), 37, allow_reshard=True)
+    assert point.base == (2, 0)
+    with pytest.raises(ValueError, match="the state is rank 0's, this loader is rank 1"):
+        check_state(state, config(rank=1, world_size=2), 37)
+
+
+def test_reshard_refuses_out_of_order_states() -> None:
+    p = Progress(0, 5)
+    p.mark(1, 4)
+    state = make_state(config(world_size=2), 37, p, {})
+    with pytest.raises(ValueError, match="out of order"):
+        check_state(state, config(world_size=3), 37, allow_reshard=True)
+
+
+def test_plan_for_resumes_only_the_states_epoch() -> None:
+    cfg = config()
+    point = ResumePoint(epoch=1, start=3, done=frozenset({5}))
+    resumed = plan_for(cfg, 37, 1, point)
+    assert resumed.pending() == [3, 4, 6, 7, 8, 9]
+    assert plan_for(cfg, 37, 2, point).pending() == list(range(10))
+
+
+@pytest.mark.parametrize("old_ws", [1, 2, 3, 4])
+@pytest.mark.parametrize("new_ws", [1, 2, 3, 5])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_reshard_covers_every_remaining_sample_once(old_ws: int, new_ws: int, drop_last: bool) -> None:
+    n, bs = 41, 3
+    common = {"batch_size": bs, "shuffle": True, "seed": 7, "epoch": 2, "drop_last": drop_last}
+    old = [plan_epoch(n, rank=r, world_size=old_ws, **common) for r in range(old_ws)]  # type: ignore[arg-type]
+    for consumed in (0, 2, len(old[0])):
+        seen = [i for p in old for i in p.indices[: consumed * bs].tolist()]
+        planned = {i for p in old for i in p.indices.tolist()}  # what the old epoch would deliver
+        remaining = planned - set(seen)
+        new = [
+            plan_remainder(
+                n, old_world_size=old_ws, consumed_batches=consumed, rank=r, world_size=new_ws, **common
+            )  # type: ignore[arg-type]
+            for r in range(new_ws)
+        ]
+        got = Counter(i for p in new for i in p.indices.tolist())
+        assert len({len(p) for p in new}) == 1, "every new rank gets the same number of batches"
+        assert not set(got) & set(seen), "nothing received before is delivered again"
+        if drop_last:
+            assert set(got) <= remaining
+        else:
+            assert set(got) == remaining, "every remaining sample is delivered"
+            assert sum(got.values()) - len(got) < new_ws, "repeats are only the padding of the last round"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("pad", [True, False])
+def test_rank_shards_are_disjoint_cover_and_equal(world_size: int, pad: bool) -> None:
+    n = 37
+    plans = [
+        plan_epoch(
+            n,
+            batch_size=4,
+            shuffle=True,
+            seed=0,
+            epoch=1,
+            drop_last=False,
+            rank=r,
+            world_size=world_size,
+            pad=pad,
+        )
+        for r in range(world_size)
+    ]
+    counts = Counter(i for p in plans for i in p.indices.tolist())
+    assert len({len(p) for p in plans}) == 1 and len({len(p.indices) for p in plans}) == 1
+    if pad:
+        assert set(counts) == set(range(n))
+        assert sum(counts.values()) - n < world_size
+    else:
+        assert all(c == 1 for c in counts.values())
+        assert len(counts) == (n // world_size) * world_size
+
+
+def test_rank_and_world_size_are_validated_and_default_to_one_process() -> None:
+    assert resolve_rank(None, None) == (0, 1)
+    assert resolve_rank(2, 3) == (2, 3)
+    with pytest.raises(ValueError, match="rank=3 must be below world_size=3"):
+        resolve_rank(3, 3)
+    with pytest.raises(ValueError, match="world_size=0 must be a positive integer"):
+        resolve_rank(0, 0)
+    with pytest.raises(ValueError, match="rank=-1 must be a non-negative integer"):
+        resolve_rank(-1, 2)
