@@ -15,6 +15,7 @@ import mmap
 import os
 import pickle
 import signal
+import threading
 import time
 import traceback
 from collections import OrderedDict
@@ -23,14 +24,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["sample_rng", "worker_init", "run_chunk"]
+__all__ = ["run_chunk", "run_chunk_in", "sample_rng", "worker_init"]
 
 _decode: Callable[[bytes], Any] | None = None
 _shape: tuple[int, ...] | None = None
 _dtype: np.dtype[Any] | None = None
-# (seed, epoch, index) of the sample being decoded in this process.
-_context: tuple[int, int, int] | None = None
-_rng: np.random.Generator | None = None
+# Per thread: ``context``, the (seed, epoch, index) of the sample being decoded, and ``rng``,
+# its generator. Thread-local because the loader's own process also decodes on a thread
+# while its workers start (see engine.py), beside the trainer's own sample_rng() calls.
+_local = threading.local()
 # Slabs this worker has mapped, most recent last. Bounded: a one-shot slab the parent has
 # unlinked is freed only once every process unmaps it.
 _maps: OrderedDict[str, mmap.mmap] = OrderedDict()
@@ -50,12 +52,13 @@ def sample_rng() -> np.random.Generator:
     augmentation in an epoch whatever worker decodes it, in whatever order. Call it inside a
     ``decode`` function; outside one it returns a fresh, OS-seeded generator.
     """
-    global _rng
-    if _context is None:
+    context = getattr(_local, "context", None)
+    if context is None:
         return np.random.default_rng()
-    if _rng is None:
-        _rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(_context))))
-    return _rng
+    rng: np.random.Generator | None = getattr(_local, "rng", None)
+    if rng is None:
+        rng = _local.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(context))))
+    return rng
 
 
 def worker_init(decode: Callable[[bytes], Any], shape: tuple[int, ...] | None, dtype: str | None) -> None:
@@ -107,6 +110,21 @@ def run_chunk(
     arena, fitting samples are written into row ``row`` of the output, and the row's status
     says who is decoding it since when."""
     m = _attach(slab) if slab is not None else None
+    return run_chunk_in(m, layout, items, seed, epoch, _decode, _shape, _dtype)
+
+
+def run_chunk_in(
+    m: mmap.mmap | None,
+    layout: tuple[int, int, int],
+    items: list[tuple[int, int, Source]],
+    seed: int,
+    epoch: int,
+    decode: Callable[[bytes], Any] | None,
+    shape: tuple[int, ...] | None,
+    dtype: np.dtype[Any] | None,
+) -> list[Result]:
+    """:func:`run_chunk` over an already mapped slab ``m``, with ``decode`` given: what a
+    worker runs, and what the loader's own process runs while its workers start."""
     status_off, in_off, out_off = layout
     status = (
         np.frombuffer(m, dtype=np.float64, count=2 * (max(r for r, _, _ in items) + 1), offset=status_off)
@@ -122,7 +140,7 @@ def run_chunk(
             m[in_off + src[0] : in_off + src[0] + src[1]] if isinstance(src, tuple) and m is not None else src
         )
         assert isinstance(data, bytes)
-        results.append(_decode_one(data, m, out_off, row, seed, epoch, index))
+        results.append(_decode_one(decode, shape, dtype, data, m, out_off, row, seed, epoch, index))
         if status is not None:
             status[2 * row] = -pid
     del status
@@ -130,19 +148,27 @@ def run_chunk(
 
 
 def _decode_one(
-    data: bytes, m: mmap.mmap | None, out_offset: int, row: int, seed: int, epoch: int, index: int
+    decode: Callable[[bytes], Any] | None,
+    shape: tuple[int, ...] | None,
+    dtype: np.dtype[Any] | None,
+    data: bytes,
+    m: mmap.mmap | None,
+    out_offset: int,
+    row: int,
+    seed: int,
+    epoch: int,
+    index: int,
 ) -> Result:
-    global _context, _rng
-    _context, _rng = (seed, epoch, index), None
+    _local.context, _local.rng = (seed, epoch, index), None
     try:
-        assert _decode is not None, "worker_init did not run"
-        value = _decode(data)
+        assert decode is not None, "worker_init did not run"
+        value = decode(data)
         if (
             m is not None
-            and _shape is not None
+            and shape is not None
             and isinstance(value, np.ndarray)
-            and value.shape == _shape
-            and value.dtype == _dtype
+            and value.shape == shape
+            and value.dtype == dtype
         ):
             size = value.nbytes
             dest = np.frombuffer(m, dtype=np.uint8, count=size, offset=out_offset + row * size)
@@ -153,9 +179,13 @@ def _decode_one(
     except Exception as exc:  # noqa: BLE001 - every failure goes back as data
         text = traceback.format_exc()
         try:
-            pickle.loads(pickle.dumps(exc))  # both ways: the parent must rebuild it too
+            # Both ways: the parent must rebuild it too. The copy is what goes back, also
+            # from the loader's own thread (hot start): it carries no traceback whose
+            # frames would keep this chunk's slab mapped.
+            sent: BaseException = pickle.loads(pickle.dumps(exc))
         except Exception:  # noqa: BLE001 - an exception that cannot cross the pipe
-            exc = RuntimeError(f"{type(exc).__qualname__}: {exc}")
-        return ("error", exc, text)
+            sent = RuntimeError(f"{type(exc).__qualname__}: {exc}")
+        del exc
+        return ("error", sent, text)
     finally:
-        _context, _rng = None, None
+        _local.context, _local.rng = None, None

@@ -24,15 +24,17 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ._worker import Result
+from ._worker import Result, run_chunk_in
 from .collate import default_collate
 from .config import LoaderConfig
 from .dataset import FileDataset
+from .decode import ImageDecoder
 from .errors import DecodeError, LoaderError, LoaderTimeoutError, ReadError, SampleError
 from .items import END, Batch, Failure, Item
 from .reader import FileReader, Source
 from .sampler import EpochPlan
 from .slabs import Slab, SlabPool
+from .slots import OrderedSlots
 from .stats import Counters
 from .workers import DecodePool, describe_deaths
 
@@ -77,7 +79,10 @@ class Engine:
         self._collate_pool = collate_pool
         self._collate: Callable[[list[Any]], Any] = config.collate or default_collate
         self._counters = counters
-        self._decode_sem: asyncio.Semaphore | None = None
+        self._slots: OrderedSlots | None = None  # decode tasks in flight, granted in epoch order
+        self._opener: asyncio.Future[None] | None = None
+        self._hot = isinstance(config.decode, ImageDecoder) and config.sample_timeout is None
+        self._hot_lock: asyncio.Lock | None = None
         self._warned: set[str] = set()
         self._seen = 0  # samples attempted, for max_failures as a fraction
         self._sizes = _SizeTracker(config.batch_size)
@@ -93,8 +98,9 @@ class Engine:
     async def produce(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
         """Put the batches of ``plan.pending()`` into ``out``, then ``END`` or a
         ``Failure``. Cancelling the task cancels every read and decode it started."""
-        if self._decode_sem is None:
-            self._decode_sem = asyncio.Semaphore(2 * self._cfg.num_workers)
+        if self._slots is None and self._pool is not None:
+            slots = self._slots = OrderedSlots(2 * self._cfg.num_workers, opened=False)
+            self._opener = asyncio.ensure_future(self._open_when_started(slots))
         try:
             await self._run(plan, out)
         except LoaderError as exc:
@@ -137,7 +143,7 @@ class Engine:
             results: list[Any] = [SKIPPED] * len(indices)
             rows = range(len(indices))
             await _gather_or_cancel(
-                self._chunk(plan.epoch, slab, indices, rows[i : i + self.chunk], results)
+                self._chunk(plan.epoch, k, slab, indices, rows[i : i + self.chunk], results)
                 for i in range(0, len(indices), self.chunk)
             )
             if self._slabs is not None:
@@ -153,7 +159,7 @@ class Engine:
                 self._slabs.release(slab)  # type: ignore[union-attr]
 
     async def _chunk(
-        self, epoch: int, slab: Slab | None, indices: list[int], rows: range, results: list[Any]
+        self, epoch: int, k: int, slab: Slab | None, indices: list[int], rows: range, results: list[Any]
     ) -> None:
         """Read the files of ``rows`` concurrently, then decode them in one worker task."""
         sources = await _gather_or_cancel(self._read(indices[r], slab) for r in rows)
@@ -168,9 +174,11 @@ class Engine:
             for r, _, src in items:
                 results[r] = src
             return
-        await self._decode(epoch, slab, items, results)
+        await self._decode(epoch, k, slab, items, results)
 
-    async def _decode(self, epoch: int, slab: Slab | None, items: list[Item3], results: list[Any]) -> None:
+    async def _decode(
+        self, epoch: int, k: int, slab: Slab | None, items: list[Item3], results: list[Any]
+    ) -> None:
         """Decode ``items`` in one task; after a worker death, resubmit what is left.
 
         The slab's status table says which row each dead worker was on. A row whose worker
@@ -178,13 +186,14 @@ class Engine:
         crashing worker twice fails as a :class:`DecodeError`; every other row is resubmitted
         (its result, if any, was lost with the task), so nothing is lost or delivered twice.
         """
-        assert self._pool is not None and self._decode_sem is not None
+        assert self._pool is not None and self._slots is not None
         pool = self._pool
         layout = (slab.status_offset, slab.in_offset, slab.out_offset) if slab is not None else (0, 0, 0)
         crashes: dict[int, int] = {}
-        while items:
+        outcome = await self._decode_here(epoch, slab, layout, items)
+        while outcome is None and items:
             generation = pool.generation
-            async with self._decode_sem:
+            async with self._slots.slot((k, items[0][0])):
                 try:
                     fut = pool.submit(slab.path if slab else None, layout, items, self._cfg.seed, epoch)
                     outcome = await self._watch(fut, slab, items)
@@ -217,7 +226,7 @@ class Engine:
                 else:
                     left.append(item)
             items = left
-        else:
+        if outcome is None:
             return
         for (r, index, _), res in zip(items, outcome, strict=True):
             if res is None:
@@ -234,6 +243,46 @@ class Engine:
                 )
                 err.worker_traceback = text
                 results[r] = self._failed(err, cause)
+
+    async def _open_when_started(self, slots: OrderedSlots) -> None:
+        assert self._pool is not None
+        try:
+            await self._pool.started()
+        finally:  # a pool that failed to start raises at submit, in order
+            slots.open()
+
+    async def _decode_here(
+        self, epoch: int, slab: Slab | None, layout: tuple[int, int, int], items: list[Item3]
+    ) -> list[Result] | None:
+        """Hot start: until every worker process is up (the fork server takes about a second
+        to boot), decode one chunk at a time on a thread of this process, so the first batch
+        does not wait for the workers. Only for the built-in ImageDecoder, and not with
+        ``sample_timeout`` (a thread cannot be killed): a user's decode may crash or hang,
+        and that must never take the trainer's process with it. None: use the workers."""
+        pool = self._pool
+        if not self._hot or pool is None or pool.warm.is_set():
+            return None
+        if self._hot_lock is None:
+            self._hot_lock = asyncio.Lock()
+        async with self._hot_lock:  # one chunk at a time, first come (in batch order) first served
+            if pool.warm.is_set():
+                return None
+            spec = self._slabs.spec if self._slabs is not None else None
+            shape = spec.shape if spec is not None else None
+            dtype = spec.dtype if spec is not None and shape is not None else None
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._collate_pool,
+                run_chunk_in,
+                slab.mmap if slab is not None else None,
+                layout,
+                items,
+                self._cfg.seed,
+                epoch,
+                self._cfg.decode,
+                shape,
+                dtype,
+            )
 
     async def _watch(self, fut: Future[list[Result]], slab: Slab | None, items: list[Item3]) -> list[Result]:
         """Await a decode task; with ``sample_timeout``, kill the worker of a row that has

@@ -131,6 +131,11 @@ class Slab:
         self.status = np.frombuffer(self._mmap, dtype=np.float64, count=2 * spec.batch_size).reshape(-1, 2)
         self.unlinked = False
 
+    @property
+    def mmap(self) -> mmap.mmap:
+        """The whole segment, mapped in this process."""
+        return self._mmap
+
     def reset(self) -> None:
         """Ready for a new batch: empty arena, clear status."""
         self.arena.reset()

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -90,9 +91,25 @@ class DecodePool:
         #: ``{pid: exitcode}`` of the workers whose death broke the pool last time.
         self.culprits: dict[int, int] = {}
         self.timed_out: set[int] = set()
+        self._killed_in: set[int] = set()  # generations broken by a timeout kill of ours
         self._failure: WorkerCrashedError | None = None
         self._lock: asyncio.Lock | None = None
-        self._executor = self._start()
+        self._executor: ProcessPoolExecutor | None = None
+        #: Set once every worker has answered its first (no-op) task.
+        self.warm = threading.Event()
+        self._started = threading.Event()
+        # Starting blocks for as long as the fork server takes to boot and preload (about a
+        # second when the main script imports torch), so it happens on its own thread: the
+        # loader's start() returns at once and the first reads (and, for ImageDecoder, the
+        # first decodes: see engine.py) run meanwhile.
+        self._starter = threading.Thread(target=self._first_start, name="aioloader-start", daemon=True)
+        self._starter.start()
+
+    def _first_start(self) -> None:
+        try:
+            self._executor = self._start()
+        finally:
+            self._started.set()
 
     def _start(self) -> ProcessPoolExecutor:
         executor = ProcessPoolExecutor(
@@ -103,9 +120,32 @@ class DecodePool:
         )
         # The executor starts a process per submitted task while none is idle: one no-op per
         # worker starts them all now, in parallel with the first reads.
-        for _ in range(self.num_workers):
-            executor.submit(_worker.warm_up)
+        pending = [executor.submit(_worker.warm_up) for _ in range(self.num_workers)]
+        left = [len(pending)]
+        lock = threading.Lock()
+
+        def one_done(_: Future[int]) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    self.warm.set()
+
+        for fut in pending:
+            fut.add_done_callback(one_done)
         return executor
+
+    async def started(self) -> None:
+        """Wait, without blocking the loop, until the executor exists (it may still be
+        starting its processes)."""
+        while not self._started.is_set():
+            await asyncio.sleep(0.005)
+        if self._executor is None:
+            raise WorkerCrashedError("the decode worker processes could not be started")
+
+    @property
+    def executor(self) -> ProcessPoolExecutor:
+        assert self._executor is not None, "DecodePool.started() was not awaited"
+        return self._executor
 
     def submit(
         self,
@@ -118,15 +158,20 @@ class DecodePool:
         """Decode a chunk of samples in one task (see :func:`aioloader._worker.run_chunk`)."""
         if self._failure is not None:
             raise self._failure
+        if self._executor is None:
+            raise WorkerCrashedError("the decode worker processes could not be started")
         return self._executor.submit(_worker.run_chunk, slab, layout, items, seed, epoch)
 
     def pids(self) -> list[int]:
+        if self._executor is None:
+            return []
         return [p.pid for p in _processes(self._executor) if p.pid is not None]
 
     def kill_for_timeout(self, pid: int) -> None:
         """SIGKILL a worker stuck on one sample; the pool breaks and is rebuilt."""
         if pid in self.pids():
             self.timed_out.add(pid)
+            self._killed_in.add(self.generation)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -142,7 +187,7 @@ class DecodePool:
                 raise self._failure
             if generation != self.generation:
                 return  # another task already rebuilt it
-            old = self._executor
+            old = self.executor
             procs = _processes(old)
             # The executor terminates the survivors itself; wait (briefly) to read exit codes.
             deadline = time.monotonic() + 1.0
@@ -153,7 +198,7 @@ class DecodePool:
             crashed = {pid: c for pid, c in self.culprits.items() if pid not in self.timed_out}
             # A breakage we caused (a worker killed for sample_timeout) is not a crash, even
             # when a busy machine has not reported that worker's exit code yet.
-            ours = {p.pid for p in procs} & self.timed_out
+            ours = generation in self._killed_in
             _close_executor(old, grace=1.0)
             if crashed or not ours:
                 self.restarts += 1
@@ -169,7 +214,9 @@ class DecodePool:
 
     def close(self, grace: float = 2.0) -> None:
         """Stop every worker within about ``2 * grace`` seconds, whatever they are doing."""
-        _close_executor(self._executor, grace)
+        self._starter.join()  # bounded: the fork server answers or fails
+        if self._executor is not None:
+            _close_executor(self._executor, grace)
 
 
 def describe_deaths(codes: Mapping[int, int | None]) -> str:

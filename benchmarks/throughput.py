@@ -19,7 +19,8 @@ threads). ``--train-ms T`` adds rounds with a simulated train step (``time.sleep
 batch and compares the total with ``steps x max(T_load, T)``.
 
     python benchmarks/throughput.py [--images 2000] [--rounds 3] [--workers N]
-                                    [--read-delay-ms 0] [--train-ms 0]
+                                    [--read-delay-ms 0] [--train-ms 0] [--image-size 500x375]
+                                    [--draft on|off] [--peer-draft on|off]
 """
 
 from __future__ import annotations
@@ -210,6 +211,15 @@ def parse_args() -> argparse.Namespace:
         "--decode-seconds", type=float, default=3.0, help="single-core decode timing (%(default)s)"
     )
     p.add_argument("--seed", type=int, default=0, help="(%(default)s)")
+    p.add_argument(
+        "--draft", choices=["on", "off"], default="on", help="aioloader's JPEG draft mode (%(default)s)"
+    )
+    p.add_argument(
+        "--peer-draft",
+        choices=["on", "off"],
+        default=None,
+        help="DataLoader's JPEG draft mode (default: as --draft; off = a plain decode + resize)",
+    )
     args = p.parse_args()
     if min(args.images, args.classes, args.workers, args.batch_size, args.rounds) < 1:
         p.error("--images, --classes, --workers, --batch-size and --rounds must be positive")
@@ -229,7 +239,8 @@ def main() -> int:
     print(
         f"# data: {len(files)} JPEGs in {folder}, {mean_kb:.0f} KB mean (ready in {time.perf_counter() - t0:.1f} s)"
     )
-    decode = ImageDecoder(224)
+    decode = ImageDecoder(224, draft=args.draft == "on")
+    peer_decode = ImageDecoder(224, draft=(args.peer_draft or args.draft) == "on")
     read = TimedRead(args.read_delay_ms)
     train_s = args.train_ms / 1e3
 
@@ -243,7 +254,7 @@ def main() -> int:
     # DataLoader first: its workers fork before any aioloader thread exists, and persist.
     t0 = time.perf_counter()
     dl = DataLoader(
-        JpegDataset(files, decode, read),
+        JpegDataset(files, peer_decode, read),
         batch_size=args.batch_size,
         shuffle=True,
         num_workers=args.workers,
@@ -296,6 +307,7 @@ def main() -> int:
     print("\n".join(machine()))
     print(
         f"- workload: {len(files)} JPEGs, {width}x{height}, {mean_kb:.0f} KB mean -> ImageDecoder(224) "
+        f"(draft: aioloader {args.draft}, DataLoader {args.peer_draft or args.draft}) "
         f"uint8 [3,224,224]; batch {args.batch_size}; {args.workers} worker processes each; "
         f"read delay {args.read_delay_ms:g} ms; aioloader io_concurrency {args.io_concurrency}"
     )

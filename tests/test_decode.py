@@ -654,7 +654,7 @@ def test_sample_rng_inside_run_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chunk[1][1][:2] == (a1, a2)
     assert chunk[0][1][0] == c1
     # The context is cleared after each sample, success or failure.
-    assert _worker._context is None and _worker._rng is None
+    assert getattr(_worker._local, "context", None) is None and getattr(_worker._local, "rng", None) is None
     monkeypatch.setattr(_worker, "_decode", raise_value_error_in_decode)
     run_one(b"", 1, 2, 3)
-    assert _worker._context is None and _worker._rng is None
+    assert getattr(_worker._local, "context", None) is None and getattr(_worker._local, "rng", None) is None

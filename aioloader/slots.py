@@ -1,0 +1,75 @@
+"""Decode slots handed out in sampler order.
+
+At most ``limit`` decode tasks are in flight (one running and one queued per worker). When a
+slot frees, it goes to the waiting chunk that comes first in the epoch, not to whichever
+chunk's reads happened to finish first: otherwise, with ``ordered=True``, a slow or hung
+sample further ahead can take every slot while the batch the trainer waits for cannot get
+one (head-of-line blocking). Slots open only once the pool has started, so the first grants
+are in order too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from types import TracebackType
+
+__all__ = ["OrderedSlots"]
+
+
+class OrderedSlots:
+    """An asyncio semaphore whose waiters are served smallest ``key`` first. Loop-bound."""
+
+    def __init__(self, limit: int, *, opened: bool = True) -> None:
+        self.limit = limit
+        self._free = limit if opened else 0
+        self._opened = opened
+        self._waiters: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def open(self) -> None:
+        """Make the ``limit`` slots available (a no-op once open)."""
+        if self._opened:
+            return
+        self._opened = True
+        for _ in range(self.limit):
+            self.release()
+
+    async def acquire(self, key: tuple[int, ...]) -> None:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (key, next(self._seq), fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # granted, then cancelled: pass the slot on
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():  # a cancelled waiter's future is done: skip it
+                fut.set_result(None)
+                return
+        self._free += 1
+
+    def slot(self, key: tuple[int, ...]) -> _Slot:
+        """``async with slots.slot(key):`` holds one slot for the block."""
+        return _Slot(self, key)
+
+
+class _Slot:
+    def __init__(self, slots: OrderedSlots, key: tuple[int, ...]) -> None:
+        self._slots, self._key = slots, key
+
+    async def __aenter__(self) -> None:
+        await self._slots.acquire(self._key)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._slots.release()

@@ -1,0 +1,220 @@
+"""Peak memory of a whole epoch: does it grow with the dataset? aioloader vs DataLoader.
+
+For each loader and each dataset size (default 2,000 and 20,000 JPEGs of 500x375; the
+larger set is copies of the smaller one's files), a fresh
+Python process runs one full epoch (``ImageDecoder(224)``, batch 64, shuffled, the same
+number of worker processes) while a thread samples, every 20 ms:
+
+- PSS of the loader's process and all its descendants (worker processes, aioloader's fork
+  server), from ``/proc/<pid>/smaps_rollup``. PSS splits each shared page between the
+  processes mapping it, so shared memory (slabs, torch's shared tensors) counts once;
+- bytes in ``/dev/shm`` made by that process (aioloader's slabs, mapped or not).
+
+The report gives each peak and the 20,000 / 2,000 ratio per loader (1.00 = memory does not
+depend on the dataset size), and checks that no ``aioloader-*`` segment is left after
+``close()``. Asserts nothing.
+
+    python benchmarks/memory.py [--sizes 2000 20000] [--workers N] [--image-size 500x375]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def shm_bytes(pid: int) -> int:
+    total = 0
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"aioloader-{pid}-"):
+            try:
+                total += os.stat(os.path.join("/dev/shm", name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+class Sampler(threading.Thread):
+    """Samples this process tree's PSS and its /dev/shm bytes until stopped; keeps peaks."""
+
+    def __init__(self) -> None:
+        super().__init__(name="memory-sampler", daemon=True)
+        self.stop = threading.Event()
+        self.peak_total = self.peak_main = self.peak_workers = self.peak_shm = 0
+
+    def run(self) -> None:
+        me = os.getpid()
+        while not self.stop.wait(0.02):
+            pids = descendants(me)
+            main = pss_bytes(me)
+            workers = sum(pss_bytes(p) for p in pids if p != me)
+            self.peak_main = max(self.peak_main, main)
+            self.peak_workers = max(self.peak_workers, workers)
+            self.peak_total = max(self.peak_total, main + workers)
+            self.peak_shm = max(self.peak_shm, shm_bytes(me))
+
+
+def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, float]:
+    """Run one epoch of one loader in this process; returns the peaks (bytes)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from aioloader import FileDataset, ImageDecoder, Loader
+
+    sys.path.insert(0, str(HERE))
+    from throughput import JpegDataset, TimedRead
+
+    files = FileDataset.from_folder(folder)
+    decode = ImageDecoder(224)
+    sampler = Sampler()
+    sampler.start()
+    start = time.perf_counter()
+    samples = 0
+    if loader_name == "DataLoader":
+        dl = DataLoader(
+            JpegDataset(files, decode, TimedRead(0)),
+            batch_size=batch,
+            shuffle=True,
+            num_workers=workers,
+            generator=torch.Generator().manual_seed(0),
+        )
+        for _images, labels in dl:
+            samples += len(labels)
+        del dl
+    else:
+        with Loader(files, batch_size=batch, decode=decode, num_workers=workers) as loader:
+            for _images, labels in loader:
+                samples += len(labels)
+    seconds = time.perf_counter() - start
+    time.sleep(0.1)
+    sampler.stop.set()
+    sampler.join()
+    left = shm_bytes(os.getpid())
+    return {
+        "total": sampler.peak_total,
+        "main": sampler.peak_main,
+        "workers": sampler.peak_workers,
+        "shm": sampler.peak_shm,
+        "left": left,
+        "samples": samples,
+        "seconds": seconds,
+    }
+
+
+def copies(base: Path, n: int) -> Path:
+    """A folder of ``n`` distinct files made by copying ``base``'s JPEGs (generating 20,000
+    fresh ones takes minutes; for memory only the number of files and their sizes matter)."""
+    files = sorted(q for q in base.rglob("*.jpg"))
+    if n <= len(files):
+        return base
+    top = base.parent / f"{n}img_copies_of_{base.name}"
+    marker = top / ".complete"
+    if marker.is_file():
+        return top
+    for i in range(n):
+        src = files[i % len(files)]
+        dst = top / src.parent.name / f"{src.stem}_{i // len(files)}.jpg"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dst)
+    marker.write_text(str(n))
+    return top
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[2000, 20000])
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--image-size", default="500x375")
+    p.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "aioloader" / "bench")
+    p.add_argument("--one", nargs=2, metavar=("LOADER", "FOLDER"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one[0], args.one[1], args.workers, args.batch_size)))
+        return 0
+
+    from aioloader.synthetic import make_image_folder
+
+    width, height = (int(v) for v in args.image_size.lower().split("x"))
+    print(
+        f"# memory: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+    )
+    print(f"# command: python {' '.join(sys.argv)}")
+    results: dict[tuple[str, int], dict[str, float]] = {}
+    base = args.data_dir / f"{min(args.sizes)}img_10cls_{width}x{height}"
+    make_image_folder(base, num_images=min(args.sizes), num_classes=10, size=(width, height))
+    for n in args.sizes:
+        folder = copies(base, n)
+        for name in ("DataLoader", "aioloader"):
+            cmd = [sys.executable, __file__, "--one", name, str(folder)]
+            cmd += ["--workers", str(args.workers), "--batch-size", str(args.batch_size)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            results[(name, n)] = json.loads(out.strip().splitlines()[-1])
+            print(f"# {name} {n}: done in {results[(name, n)]['seconds']:.1f} s", flush=True)
+    mib = 2**20
+    print(
+        f"\nbatch {args.batch_size}, {args.workers} worker processes each, ImageDecoder(224), one epoch; peaks\n"
+    )
+    print(
+        "| loader | files | peak PSS total MiB | main MiB | workers MiB | /dev/shm MiB | samples/s | shm left |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (name, n), r in results.items():
+        print(
+            f"| {name} | {n:,} | {r['total'] / mib:.0f} | {r['main'] / mib:.0f} | {r['workers'] / mib:.0f} | "
+            f"{r['shm'] / mib:.0f} | {r['samples'] / r['seconds']:.0f} | {r['left'] / mib:.0f} |"
+        )
+    lo, hi = min(args.sizes), max(args.sizes)
+    print()
+    for name in ("DataLoader", "aioloader"):
+        a, b = results[(name, lo)], results[(name, hi)]
+        print(f"- {name}: peak total at {hi:,} files / at {lo:,} files = {b['total'] / a['total']:.3f}")
+    ratio = results[("aioloader", hi)]["total"] / results[("DataLoader", hi)]["total"]
+    print(f"- aioloader / DataLoader peak total at {hi:,} files = {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

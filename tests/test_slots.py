@@ -1,0 +1,60 @@
+"""OrderedSlots: decode slots go to the earliest chunk of the epoch, not the first to ask."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aioloader.slots import OrderedSlots
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_closed_slots_open_in_key_order_not_arrival_order() -> None:
+    slots = OrderedSlots(2, opened=False)
+    granted: list[int] = []
+
+    async def chunk(k: int) -> None:
+        async with slots.slot((k, 0)):
+            granted.append(k)
+            await asyncio.sleep(0.01)
+
+    tasks = [asyncio.ensure_future(chunk(k)) for k in (5, 3, 9, 0, 1)]  # reads finish out of order
+    await asyncio.sleep(0.01)
+    assert granted == []  # nothing runs before the pool has started
+    slots.open()
+    await asyncio.gather(*tasks)
+    assert granted == [0, 1, 3, 5, 9]
+
+
+async def test_a_freed_slot_goes_to_the_smallest_waiting_key() -> None:
+    slots = OrderedSlots(1)
+    await slots.acquire((7, 0))  # a slow sample ahead holds the only slot
+    order: list[tuple[int, int]] = []
+
+    async def waiter(key: tuple[int, int]) -> None:
+        await slots.acquire(key)
+        order.append(key)
+        slots.release()
+
+    tasks = [asyncio.ensure_future(waiter(k)) for k in [(8, 0), (2, 4), (2, 1)]]
+    await asyncio.sleep(0)
+    slots.release()
+    await asyncio.gather(*tasks)
+    assert order == [(2, 1), (2, 4), (8, 0)]
+
+
+async def test_a_cancelled_waiter_passes_its_slot_on() -> None:
+    slots = OrderedSlots(1)
+    await slots.acquire((0,))
+    first = asyncio.ensure_future(slots.acquire((1,)))
+    second = asyncio.ensure_future(slots.acquire((2,)))
+    await asyncio.sleep(0)
+    first.cancel()
+    slots.release()
+    await asyncio.wait_for(second, timeout=5)  # granted despite the cancelled one ahead of it
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    slots.release()
+    await asyncio.wait_for(slots.acquire((3,)), timeout=5)  # and no slot was lost
