@@ -84,9 +84,14 @@ def _fds() -> set[str]:
 
 
 def _segments() -> set[str]:
-    """aioloader's shared-memory segments in /dev/shm."""
+    """This process's aioloader shared-memory segments in /dev/shm. Only its own (the name
+    carries the creating pid): a loader in another process, such as a benchmark or a
+    colleague's test run on the same machine, makes and removes segments meanwhile, and
+    would fail whichever test happened to be running. Tests that run a script check its
+    segments themselves."""
+    prefix = f"aioloader-{os.getpid()}-"
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")}
+        return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
     except FileNotFoundError:
         return set()
 

@@ -273,12 +273,16 @@ def test_hung_read_times_out(numbered: list[str]) -> None:
 # -- the process around the loader ---------------------------------------------------------
 
 SIGINT_SCRIPT = """
-import sys, time
+import signal, sys, time
 sys.path.insert(0, {tests!r})
 from faults import Fault
 import aioloader
 
 if __name__ == "__main__":
+    # As in a terminal's foreground process. A shell starts background jobs (`cmd &`, nohup,
+    # some CI runners) with SIGINT ignored, children inherit that, and Python then installs
+    # no handler: the Ctrl-C below would do nothing and the test would wait for nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     hang = Fault("hang", set(range(3, 100)), seconds=60)
     with aioloader.Loader({paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2) as loader:
         for batch in loader:
@@ -298,6 +302,17 @@ def _run_script(tmp_path: Path, text: str, **fmt: object) -> subprocess.Popen[st
     )
 
 
+def _stop_session(proc: subprocess.Popen[str]) -> None:
+    """Kill what is left of a script's session and collect its output. The whole process
+    group: an orphaned fork server or worker keeps the script's stdout and stderr open, and
+    ``communicate`` would wait for them (a hung worker for as long as it hangs)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
 def _session_survivors(pid: int, wait: float = 5.0) -> list[str]:
     deadline = time.monotonic() + wait
     while True:
@@ -305,6 +320,13 @@ def _session_survivors(pid: int, wait: float = 5.0) -> list[str]:
         if not out or time.monotonic() > deadline:
             return out
         time.sleep(0.1)
+
+
+def _script_segments(pid: int) -> list[str]:
+    """The shared-memory segments a script's loader left behind. Only its own (the name
+    carries the creating pid): a loader in another process, such as a colleague's run on
+    the same machine, makes and removes segments of its own meanwhile."""
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{pid}-"))
 
 
 def test_ctrl_c_while_iterating(numbered: list[str], tmp_path: Path) -> None:
@@ -320,12 +342,12 @@ def test_ctrl_c_while_iterating(numbered: list[str], tmp_path: Path) -> None:
         elapsed = time.monotonic() - start
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            _stop_session(proc)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert err.count("Traceback") == 1, err  # the main one: no stray tracebacks from workers
     assert elapsed < 20  # a hang detector; the close itself is bounded by its grace periods
     assert _session_survivors(proc.pid) == []
+    assert _script_segments(proc.pid) == []
 
 
 EXIT_SCRIPT = """
@@ -344,18 +366,16 @@ if __name__ == "__main__":
 
 
 def test_exit_with_an_open_loader_and_hung_workers(numbered: list[str], tmp_path: Path) -> None:
-    before = {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")}
     proc = _run_script(tmp_path, EXIT_SCRIPT, paths=numbered)
     try:
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            _stop_session(proc)
     assert proc.returncode == 0 and "exiting" in out, err
     assert "Traceback" not in err, err
     assert _session_survivors(proc.pid) == []
-    assert {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")} <= before
+    assert _script_segments(proc.pid) == [], (out, err)
 
 
 def test_fork_while_a_loader_runs(numbered: list[str]) -> None:

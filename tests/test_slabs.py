@@ -22,7 +22,9 @@ pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
 
 
 def segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("aioloader-")}
+    """This process's segments: another process's loader (a benchmark, a colleague's test
+    run) has its own pid in the names and comes and goes meanwhile."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{os.getpid()}-")}
 
 
 def test_slab_batches_are_views_of_shared_memory(numbered: list[str]) -> None:
