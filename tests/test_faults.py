@@ -284,7 +284,12 @@ if __name__ == "__main__":
     # no handler: the Ctrl-C below would do nothing and the test would wait for nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     hang = Fault("hang", set(range(3, 100)), seconds=60)
-    with aioloader.Loader({paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2) as loader:
+    # One read at a time: samples reach the workers in order, so 0-2 are decoded before the
+    # hangs. With reads in parallel, 3-6 could take both workers first and the first batch
+    # would wait a 60 s hang or two (seen: a 67 s run of this test).
+    with aioloader.Loader(
+        {paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2, io_concurrency=1
+    ) as loader:
         for batch in loader:
             print("batch", flush=True)
 """
@@ -358,7 +363,10 @@ import aioloader
 
 if __name__ == "__main__":
     hang = Fault("hang", set(range(2, 100)), seconds=60)
-    loader = aioloader.Loader({paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2)
+    # One read at a time, so sample 0 is decoded before the hangs take the workers.
+    loader = aioloader.Loader(
+        {paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2, io_concurrency=1
+    )
     it = iter(loader)
     next(it)
     print("exiting", flush=True)
