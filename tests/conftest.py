@@ -84,7 +84,10 @@ def _fds() -> set[str]:
 
 
 def _segments() -> set[str]:
-    """aioloader's shared-memory segments made by this process."""
+    """This process's aioloader shared-memory segments. Only its own (the name carries the
+    creating pid): a loader in another process, such as a benchmark or a colleague's test
+    run on the same machine, makes and removes segments meanwhile, and would fail whichever
+    test happened to be running. Tests that run a script check its segments themselves."""
     return shm_segments()
 
 

@@ -273,13 +273,20 @@ def test_hung_read_times_out(numbered: list[str]) -> None:
 # -- the process around the loader ---------------------------------------------------------
 
 SIGINT_SCRIPT = """
-import sys, time
+import signal, sys, time
 sys.path.insert(0, {tests!r})
 from faults import Fault
 import aioloader
 
 if __name__ == "__main__":
+    # As in a terminal's foreground process. A shell starts background jobs (`cmd &`, nohup,
+    # some CI runners) with SIGINT ignored, children inherit that, and Python then installs
+    # no handler: the Ctrl-C below would do nothing and the test would wait for nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     hang = Fault("hang", set(range(3, 100)), seconds=60)
+    # All 37 reads run at once and finish in any order; decode slots still go to samples
+    # 0-2 first (aioloader/slots.py), else 3-6 could take both workers and the first batch
+    # would wait for a 60 s hang (seen before the slots were ordered: a 67 s run).
     with aioloader.Loader({paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2) as loader:
         for batch in loader:
             print("batch", flush=True)
@@ -296,6 +303,17 @@ def _run_script(tmp_path: Path, text: str, **fmt: object) -> subprocess.Popen[st
         text=True,
         start_new_session=True,
     )
+
+
+def _stop_session(proc: subprocess.Popen[str]) -> None:
+    """Kill what is left of a script's session and collect its output. The whole process
+    group: an orphaned fork server or worker keeps the script's stdout and stderr open, and
+    ``communicate`` would wait for them (a hung worker for as long as it hangs)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
 
 
 def _session_survivors(pid: int, wait: float = 5.0) -> list[str]:
@@ -320,8 +338,7 @@ def test_ctrl_c_while_iterating(numbered: list[str], tmp_path: Path) -> None:
         elapsed = time.monotonic() - start
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            _stop_session(proc)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert err.count("Traceback") == 1, err  # the main one: no stray tracebacks from workers
     assert elapsed < 20  # a hang detector; the close itself is bounded by its grace periods
@@ -337,6 +354,7 @@ import aioloader
 
 if __name__ == "__main__":
     hang = Fault("hang", set(range(2, 100)), seconds=60)
+    # Reads in parallel: sample 0 still gets a decode slot before the hangs take the workers.
     loader = aioloader.Loader({paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2)
     it = iter(loader)
     next(it)
@@ -350,8 +368,7 @@ def test_exit_with_an_open_loader_and_hung_workers(numbered: list[str], tmp_path
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            _stop_session(proc)
     assert proc.returncode == 0 and "exiting" in out, err
     assert "Traceback" not in err, err
     assert _session_survivors(proc.pid) == []

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
 
 
 def segments() -> set[str]:
+    """This process's segments (see helpers.shm_segments)."""
     return shm_segments()
 
 
