@@ -274,6 +274,7 @@ def main() -> int:
     loader = Loader(
         files,
         batch_size=args.batch_size,
+        decode=decode,
         shuffle=True,
         seed=args.seed,
         num_workers=args.workers,
