@@ -140,9 +140,9 @@ def plan_remainder(
     any epoch's (``pad`` repeats a few of them), so each new rank gets the same number of
     batches.
     """
-    delivered: set[int] = set()
-    for r in range(old_world_size):
-        old = plan_epoch(
+
+    def old_rank(r: int) -> IndexArray:
+        return plan_epoch(
             n,
             batch_size=batch_size,
             shuffle=shuffle,
@@ -152,28 +152,15 @@ def plan_remainder(
             rank=r,
             world_size=old_world_size,
             pad=pad,
-        )
-        delivered.update(old.indices[: consumed_batches * batch_size].tolist())
+        ).indices
+
+    olds = [old_rank(r) for r in range(old_world_size)]
+    delivered = {i for old in olds for i in old[: consumed_batches * batch_size].tolist()}
+    # What the old epoch would have delivered at all: its padded or dropped tail, and each old
+    # rank's dropped partial batch (drop_last), were never part of it.
+    planned = np.unique(np.concatenate(olds)) if olds else np.zeros(0, np.int64)
     order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
-    if not pad:  # the old epoch never had the tail that did not fill a round
-        order = order[: (n // old_world_size) * old_world_size]
-    if drop_last:  # nor the samples of each old rank's dropped partial batch
-        kept: set[int] = set()
-        for r in range(old_world_size):
-            kept.update(
-                plan_epoch(
-                    n,
-                    batch_size=batch_size,
-                    shuffle=shuffle,
-                    seed=seed,
-                    epoch=epoch,
-                    drop_last=True,
-                    rank=r,
-                    world_size=old_world_size,
-                    pad=pad,
-                ).indices.tolist()
-            )
-        order = order[np.isin(order, list(kept))]
+    order = order[np.isin(order, planned)]
     rest = order[~np.isin(order, list(delivered))] if delivered else order
     if len(rest) == 0:
         return EpochPlan(epoch=epoch, indices=rest, batch_size=batch_size)

@@ -31,17 +31,13 @@ fixed ``output_shape`` takes the zero-copy shared-memory slab path.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import hashlib
-import importlib.metadata
 import logging
 import os
-import platform
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,14 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import PIL
-import torch
 
-import aioloader
 from aioloader import FileDataset, ImageDecoder, Loader
-from aioloader.config import usable_cpus
 from aioloader.synthetic import make_image_folder
 from aioloader.workers import mp_context
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import loadavg, machine
 
 SHM = "/dev/shm"
 MiB = 2**20
@@ -473,48 +468,6 @@ def soak(
 
 
 # -- report --------------------------------------------------------------------------------
-
-
-def machine() -> list[str]:
-    cpu = "unknown"
-    mem_gb = 0.0
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-        with open("/proc/meminfo") as f:
-            mem_gb = next(int(ln.split()[1]) for ln in f if ln.startswith("MemTotal")) / 2**20
-    except (OSError, StopIteration, ValueError):
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    try:
-        loop = f"uvloop {importlib.metadata.version('uvloop')}"
-    except importlib.metadata.PackageNotFoundError:
-        loop = "asyncio"
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%a %b %d %H:%M:%S UTC %Y")
-    return [
-        f"- date (UTC): {date}",
-        f"- machine: {os.cpu_count()} CPUs ({usable_cpus()} usable), {cpu}, {mem_gb:.1f} GiB RAM, "
-        f"{platform.system()} {platform.release()}",
-        f"- software: Python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
-        f"Pillow {PIL.__version__}, {loop}, aioloader {aioloader.__version__} (git {commit})",
-    ]
-
-
-def loadavg() -> str:
-    """The 1-minute load average (other processes competing for the 2 cores), or '?'."""
-    try:
-        with open("/proc/loadavg") as f:
-            return f.read().split()[0]
-    except OSError:
-        return "?"
 
 
 def report(
