@@ -32,6 +32,7 @@ from .decode import ImageDecoder
 from .errors import DecodeError, LoaderError, LoaderTimeoutError, ReadError, SampleError
 from .items import END, Batch, Failure, Item
 from .reader import FileReader, Source
+from .repack import Repacker
 from .sampler import EpochPlan
 from .slabs import Slab, SlabPool
 from .slots import OrderedSlots
@@ -118,6 +119,13 @@ class Engine:
         the others)."""
         building: deque[asyncio.Task[Batch | None]] = deque()
         todo = deque(plan.pending())
+        cfg = self._cfg
+        # drop_last with skipping: batches that lost samples are topped up from the next ones.
+        repack = (
+            Repacker(cfg.batch_size)
+            if cfg.drop_last and cfg.on_error == "skip" and cfg.ordered and cfg.collate is None
+            else None
+        )
         try:
             while todo or building:
                 while todo and len(building) < self.window:
@@ -131,7 +139,8 @@ class Engine:
                 building.remove(task)
                 batch = task.result()
                 if batch is not None:
-                    await out.put(batch)
+                    for full in repack.push(batch) if repack is not None else [batch]:
+                        await out.put(full)
         finally:
             await _cancel(building)
 

@@ -17,6 +17,9 @@ class Batch:
     value: Any
     size: int
     event: Any = None
+    #: Plan batches this delivery completes, when rows were regrouped (aioloader.repack);
+    #: empty: just ``index``.
+    done: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

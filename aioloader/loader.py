@@ -65,7 +65,9 @@ class Loader:
         collate: ``list of samples -> batch``; default :func:`default_collate`. Runs on the
             loader's collate thread.
         shuffle, seed: the order of each epoch depends only on ``(seed, epoch)``.
-        drop_last: leave out the last batch if it is partial.
+        drop_last: leave out the last batch if it is partial. With ``on_error="skip"`` (and
+            the default collate, ``ordered=True``), batches that lost samples are topped up
+            with the next samples of the epoch, so every batch is full.
         num_workers: decode processes (default: the CPUs this process may use).
         io_concurrency: file reads in flight.
         prefetch: finished batches buffered ahead of the trainer.
@@ -352,7 +354,9 @@ class _Cursor:
         """The batch to hand to the trainer; ``_EMPTY`` for a batch whose samples were all
         skipped (the iterator then takes the next item)."""
         if isinstance(item, Batch):
-            self.progress.mark(item.index, item.size)
+            for k in item.done or (item.index,):
+                self.progress.mark(k, 0)
+            self.progress.samples += item.size
             if item.size == 0:
                 return _EMPTY
             value = self.runtime.copier.receive(item)

@@ -421,3 +421,23 @@ def test_low_open_file_limit_adapts(numbered: list[str], tmp_path: Path) -> None
     assert proc.returncode == 0, err
     assert "samples 37" in out
     assert "io_concurrency=64 lowered to" in err and "ulimit -n" in err
+
+
+def test_drop_last_with_skips_keeps_batches_full(numbered: list[str]) -> None:
+    """A batch that lost samples is topped up with the next ones; the epoch's leftover rows
+    are dropped, as drop_last says."""
+    with Loader(
+        numbered,
+        batch_size=4,
+        shuffle=False,
+        drop_last=True,
+        decode=Fault("raise", {2, 9, 30}),
+        on_error="skip",
+        num_workers=2,
+    ) as loader:
+        batches = list(loader)
+        state = loader.state_dict()
+    assert [len(b) for b in batches] == [4] * 8  # 34 survivors of the 36 planned: 8 full batches
+    survivors = [i for i in range(36) if i not in {2, 9, 30}]
+    assert flatten(batches) == survivors[:32]
+    assert state["batches_done"] == 9  # every plan batch counted as received

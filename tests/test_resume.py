@@ -181,3 +181,28 @@ def test_rank_and_world_size_are_validated_and_default_to_one_process() -> None:
         resolve_rank(0, 0)
     with pytest.raises(ValueError, match="rank=-1 must be a non-negative integer"):
         resolve_rank(-1, 2)
+
+
+def test_repacker_cuts_survivors_into_full_batches_and_tracks_done_batches() -> None:
+    import torch
+
+    from aioloader.items import Batch
+    from aioloader.repack import Repacker
+
+    def batch(k: int, rows: list[int]) -> Batch:
+        return Batch(index=k, value=(torch.tensor(rows), [f"s{r}" for r in rows]), size=len(rows))
+
+    r = Repacker(4)
+    full = batch(0, [0, 1, 2, 3])
+    assert r.push(full) == [full]  # nothing carried: passes through untouched
+    assert r.push(batch(1, [4, 6, 7])) == []  # lost sample 5: carried
+    assert r.push(batch(2, [])) == []  # lost everything, while rows are carried
+    out = r.push(batch(3, [12, 13, 14, 15]))
+    assert len(out) == 1 and out[0].size == 4
+    assert out[0].value[0].tolist() == [4, 6, 7, 12] and out[0].value[1] == ["s4", "s6", "s7", "s12"]
+    assert out[0].done == (1, 2)  # batch 3 still has rows carried
+    out = r.push(batch(4, [16, 17, 18]))
+    assert [b.value[0].tolist() for b in out] == [[13, 14, 15, 16]] and out[0].done == (3,)
+    assert r.push(batch(5, [20])) == []  # 3 rows carried
+    out = r.push(batch(6, [24]))
+    assert [b.value[0].tolist() for b in out] == [[17, 18, 20, 24]] and out[0].done == (4, 5, 6)
