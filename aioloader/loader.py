@@ -2,16 +2,15 @@
 the one engine.
 
 The loader owns a lifecycle state and, once started, a :class:`~aioloader.runtime.Runtime`.
-Both iterators read the same hand-off the bridging thread fills: the sync one blocks on it,
-the async one awaits it on the caller's loop. Neither runs any pipeline logic of its own.
+Both iterators (:mod:`aioloader.cursor`) read the same hand-off the bridging thread fills:
+the sync one blocks on it, the async one awaits it on the caller's loop. Neither runs any
+pipeline logic of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import TracebackType
@@ -21,17 +20,17 @@ import torch
 
 from .bridge import Run
 from .config import LoaderConfig, OnError
+from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIterator
 from .dataset import FileDataset, StrPath
 from .decode import ImageDecoder
-from .errors import LoaderClosedError, LoaderError
-from .handoff import Closed
-from .items import Batch, End, Failure, Item
+from .errors import LoaderClosedError
 from .resume import Progress, ResumePoint, check_state, make_state, plan_for
 from .runtime import Runtime
 from .sampler import num_batches, shard_size
 from .stats import Counters, LoaderStats
+from .threads import in_thread
 
-__all__ = ["Loader"]
+__all__ = ["CLOSED_MESSAGE", "Loader", "State"]
 
 
 class State(enum.Enum):
@@ -40,10 +39,6 @@ class State(enum.Enum):
     IDLE = "idle"
     STARTED = "started"
     CLOSED = "closed"
-
-
-CLOSED_MESSAGE = "the loader is closed; create a new Loader to load again"
-SUPERSEDED_MESSAGE = "this iterator was superseded: a newer iteration of the same loader started"
 
 
 class _Default:
@@ -254,7 +249,7 @@ class Loader:
 
     async def aclose(self) -> None:
         """:meth:`close` without blocking the caller's event loop. Idempotent."""
-        await _in_thread(self.close)
+        await in_thread(self.close)
 
     def __enter__(self) -> Loader:
         return self.start()
@@ -265,7 +260,7 @@ class Loader:
         self.close()  # never masks the body's exception: close does not raise
 
     async def __aenter__(self) -> Loader:
-        await _in_thread(self.start)
+        await in_thread(self.start)
         return self
 
     async def __aexit__(
@@ -274,7 +269,7 @@ class Loader:
         await self.aclose()
 
     # -- iteration --------------------------------------------------------------------------
-    def _begin(self) -> _Cursor:
+    def _begin(self) -> Cursor:
         runtime = self._runtime_or_start()
         if not self._epoch_set:
             self._epoch += 1
@@ -286,7 +281,7 @@ class Loader:
         self._counters.begin_epoch(self._epoch)
         run = runtime.start_run(plan)
         self._run = run
-        return _Cursor(self, runtime, run, self._progress)
+        return Cursor(runtime, run, self._progress, self._counters, lambda: self._state is State.CLOSED)
 
     # -- resumption -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -322,130 +317,7 @@ class Loader:
         self._progress = Progress(point.epoch, total, point)
 
     def __iter__(self) -> Iterator[Any]:
-        return _SyncIterator(self._begin())
+        return SyncIterator(self._begin())
 
     def __aiter__(self) -> AsyncIterator[Any]:
-        return _AsyncIterator(self._begin())
-
-
-_EMPTY: Any = object()
-
-
-class _Cursor:
-    """The consumer's side of one run, shared by both iterators."""
-
-    def __init__(self, loader: Loader, runtime: Runtime, run: Run, progress: Progress) -> None:
-        self.loader = loader
-        self.runtime = runtime
-        self.run = run
-        self.progress = progress
-        self.done = False
-        # An iterator dropped mid-epoch (``break``) cancels its run's reads and decodes.
-        self._finalizer = weakref.finalize(self, run.cancel)
-
-    def check(self) -> None:
-        """Refuse use from a forked child, or after close (even with a batch still queued)."""
-        self.runtime.check_owner()
-        if self.loader.state is State.CLOSED:
-            self.done = True
-            raise LoaderClosedError(CLOSED_MESSAGE)
-
-    def deliver(self, item: Item, waited: float) -> Any:
-        """The batch to hand to the trainer; ``_EMPTY`` for a batch whose samples were all
-        skipped (the iterator then takes the next item)."""
-        if isinstance(item, Batch):
-            for k in item.done or (item.index,):
-                self.progress.mark(k, 0)
-            self.progress.samples += item.size
-            if item.size == 0:
-                return _EMPTY
-            value = self.runtime.copier.receive(item)
-            self.loader._counters.delivered(item.size, waited)
-            return value
-        self.done = True
-        self._finalizer()
-        if isinstance(item, End):
-            self.progress.finish()
-            self.loader._counters.end_epoch()
-            raise StopIteration
-        assert isinstance(item, Failure)
-        raise item.error
-
-    def closed(self) -> LoaderError:
-        """The error for a hand-off that closed under the consumer."""
-        self.done = True
-        if self.loader.state is State.CLOSED:
-            return LoaderClosedError(CLOSED_MESSAGE)
-        return LoaderError(SUPERSEDED_MESSAGE)
-
-
-class _SyncIterator(Iterator[Any]):
-    def __init__(self, cursor: _Cursor) -> None:
-        self._cursor = cursor
-
-    def __next__(self) -> Any:
-        c = self._cursor
-        c.check()
-        if c.done:
-            raise StopIteration
-        start = time.perf_counter()
-        while True:
-            try:
-                item = c.run.handoff.get()
-            except Closed:
-                raise c.closed() from None
-            value = c.deliver(item, time.perf_counter() - start)
-            if value is not _EMPTY:
-                return value
-
-
-class _AsyncIterator(AsyncIterator[Any]):
-    def __init__(self, cursor: _Cursor) -> None:
-        self._cursor = cursor
-
-    async def __anext__(self) -> Any:
-        c = self._cursor
-        c.check()
-        if c.done:
-            raise StopAsyncIteration
-        start = time.perf_counter()
-        while True:
-            try:
-                item = await c.run.handoff.aget()
-            except Closed:
-                raise c.closed() from None
-            try:
-                value = c.deliver(item, time.perf_counter() - start)
-            except StopIteration:
-                raise StopAsyncIteration from None
-            if value is not _EMPTY:
-                return value
-
-
-async def _in_thread(fn: Callable[[], object]) -> None:
-    """Run a blocking lifecycle call (start, close) on a short-lived thread and await it."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def target() -> None:
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the awaiting task
-            loop.call_soon_threadsafe(_settle, done, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, done, None)
-
-    thread = threading.Thread(target=target, name="aioloader-lifecycle", daemon=True)
-    thread.start()
-    # Shielded: if the awaiting task is cancelled, the call still runs to its end.
-    await asyncio.shield(done)
-    thread.join()  # it has settled ``done``: only its last instructions are left
-
-
-def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
-    if fut.done():
-        return
-    if exc is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(exc)
+        return AsyncIter(self._begin())

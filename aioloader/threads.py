@@ -9,6 +9,7 @@ process.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-__all__ = ["DaemonThreadPool"]
+__all__ = ["DaemonThreadPool", "in_thread"]
 
 T = TypeVar("T")
 _Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -90,3 +91,32 @@ class DaemonThreadPool(Executor):
     def stuck(self) -> list[str]:
         """Names of threads still running after shutdown (abandoned reads)."""
         return [t.name for t in self._threads if t.is_alive()]
+
+
+async def in_thread(fn: Callable[[], object]) -> None:
+    """Run a blocking lifecycle call (start, close) on a short-lived thread and await it."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the awaiting task
+            loop.call_soon_threadsafe(settle, done, exc)
+        else:
+            loop.call_soon_threadsafe(settle, done, None)
+
+    thread = threading.Thread(target=target, name="aioloader-lifecycle", daemon=True)
+    thread.start()
+    # Shielded: if the awaiting task is cancelled, the call still runs to its end.
+    await asyncio.shield(done)
+    thread.join()  # it has settled ``done``: only its last instructions are left
+
+
+def settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)

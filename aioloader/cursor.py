@@ -1,0 +1,129 @@
+"""The consumer's side of one epoch's run: what ``for`` and ``async for`` over a
+:class:`~aioloader.Loader` do with each item the bridging thread hands over.
+
+Both iterators share one :class:`Cursor`: it makes a batch usable on the consumer's stream
+(:meth:`~aioloader.device.DeviceCopier.receive`), records the resume position and the
+stats, and turns the end of the epoch or a failure into ``StopIteration`` or the error.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from .bridge import Run
+from .errors import LoaderClosedError, LoaderError
+from .handoff import Closed
+from .items import Batch, End, Failure, Item
+from .resume import Progress
+from .runtime import Runtime
+from .stats import Counters
+
+__all__ = ["CLOSED_MESSAGE", "SUPERSEDED_MESSAGE", "AsyncIter", "Cursor", "SyncIterator"]
+
+CLOSED_MESSAGE = "the loader is closed; create a new Loader to load again"
+SUPERSEDED_MESSAGE = "this iterator was superseded: a newer iteration of the same loader started"
+
+_EMPTY: Any = object()
+
+
+class Cursor:
+    """The consumer's side of one run, shared by both iterators. ``is_closed`` says whether
+    the loader was closed; ``counters`` are the loader's."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        run: Run,
+        progress: Progress,
+        counters: Counters,
+        is_closed: Callable[[], bool],
+    ) -> None:
+        self.counters = counters
+        self.is_closed = is_closed
+        self.runtime = runtime
+        self.run = run
+        self.progress = progress
+        self.done = False
+        # An iterator dropped mid-epoch (``break``) cancels its run's reads and decodes.
+        self._finalizer = weakref.finalize(self, run.cancel)
+
+    def check(self) -> None:
+        """Refuse use from a forked child, or after close (even with a batch still queued)."""
+        self.runtime.check_owner()
+        if self.is_closed():
+            self.done = True
+            raise LoaderClosedError(CLOSED_MESSAGE)
+
+    def deliver(self, item: Item, waited: float) -> Any:
+        """The batch to hand to the trainer; ``_EMPTY`` for a batch whose samples were all
+        skipped (the iterator then takes the next item)."""
+        if isinstance(item, Batch):
+            for k in item.done or (item.index,):
+                self.progress.mark(k, 0)
+            self.progress.samples += item.size
+            if item.size == 0:
+                return _EMPTY
+            value = self.runtime.copier.receive(item)
+            self.counters.delivered(item.size, waited)
+            return value
+        self.done = True
+        self._finalizer()
+        if isinstance(item, End):
+            self.progress.finish()
+            self.counters.end_epoch()
+            raise StopIteration
+        assert isinstance(item, Failure)
+        raise item.error
+
+    def closed(self) -> LoaderError:
+        """The error for a hand-off that closed under the consumer."""
+        self.done = True
+        if self.is_closed():
+            return LoaderClosedError(CLOSED_MESSAGE)
+        return LoaderError(SUPERSEDED_MESSAGE)
+
+
+class SyncIterator(Iterator[Any]):
+    def __init__(self, cursor: Cursor) -> None:
+        self._cursor = cursor
+
+    def __next__(self) -> Any:
+        c = self._cursor
+        c.check()
+        if c.done:
+            raise StopIteration
+        start = time.perf_counter()
+        while True:
+            try:
+                item = c.run.handoff.get()
+            except Closed:
+                raise c.closed() from None
+            value = c.deliver(item, time.perf_counter() - start)
+            if value is not _EMPTY:
+                return value
+
+
+class AsyncIter(AsyncIterator[Any]):
+    def __init__(self, cursor: Cursor) -> None:
+        self._cursor = cursor
+
+    async def __anext__(self) -> Any:
+        c = self._cursor
+        c.check()
+        if c.done:
+            raise StopAsyncIteration
+        start = time.perf_counter()
+        while True:
+            try:
+                item = await c.run.handoff.aget()
+            except Closed:
+                raise c.closed() from None
+            try:
+                value = c.deliver(item, time.perf_counter() - start)
+            except StopIteration:
+                raise StopAsyncIteration from None
+            if value is not _EMPTY:
+                return value
