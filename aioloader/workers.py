@@ -189,8 +189,14 @@ class DecodePool:
                 return  # another task already rebuilt it
             old = self.executor
             procs = _processes(old)
-            # The executor terminates the survivors itself; wait (briefly) to read exit codes.
+            # The executor terminates the survivors itself and its manager thread joins them.
+            # Wait (briefly) for that thread first: a fork-server child's exit code is read
+            # once from a pipe, and polling it while that thread joins the same process races
+            # with it (the loser reads end-of-file, and CPython then reports exit code 255).
             deadline = time.monotonic() + 1.0
+            manager = getattr(old, "_executor_manager_thread", None)
+            while manager is not None and manager.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             codes = {p.pid: p.exitcode for p in procs if p.pid is not None and p.exitcode is not None}
