@@ -21,7 +21,7 @@ from .resume import Progress
 from .runtime import Runtime
 from .stats import Counters
 
-__all__ = ["CLOSED_MESSAGE", "SUPERSEDED_MESSAGE", "AsyncIter", "Cursor", "SyncIterator"]
+__all__ = ["CLOSED_MESSAGE", "SUPERSEDED_MESSAGE", "AsyncIter", "Cursor", "SyncIter"]
 
 CLOSED_MESSAGE = "the loader is closed; create a new Loader to load again"
 SUPERSEDED_MESSAGE = "this iterator was superseded: a newer iteration of the same loader started"
@@ -61,9 +61,11 @@ class Cursor:
         """The batch to hand to the trainer; ``_EMPTY`` for a batch whose samples were all
         skipped (the iterator then takes the next item)."""
         if isinstance(item, Batch):
-            for k in item.done or (item.index,):
+            # A regrouped batch (repack.py) can complete several plan batches at once.
+            *earlier, last = item.done or (item.index,)
+            for k in earlier:
                 self.progress.mark(k, 0)
-            self.progress.samples += item.size
+            self.progress.mark(last, item.size)
             if item.size == 0:
                 return _EMPTY
             value = self.runtime.copier.receive(item)
@@ -86,7 +88,7 @@ class Cursor:
         return LoaderError(SUPERSEDED_MESSAGE)
 
 
-class SyncIterator(Iterator[Any]):
+class SyncIter(Iterator[Any]):
     def __init__(self, cursor: Cursor) -> None:
         self._cursor = cursor
 

@@ -20,7 +20,7 @@ import torch
 
 from .bridge import Run
 from .config import LoaderConfig, OnError
-from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIterator
+from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from .dataset import FileDataset, StrPath
 from .decode import ImageDecoder
 from .errors import LoaderClosedError
@@ -317,7 +317,7 @@ class Loader:
         self._progress = Progress(point.epoch, total, point)
 
     def __iter__(self) -> Iterator[Any]:
-        return SyncIterator(self._begin())
+        return SyncIter(self._begin())
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return AsyncIter(self._begin())
