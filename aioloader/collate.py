@@ -6,14 +6,15 @@ batch is stacked).
 
 from __future__ import annotations
 
-import collections.abc as cabc
 import numbers
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["default_collate"]
+from .tree import flatten, unflatten
+
+__all__ = ["collate_leaves", "default_collate"]
 
 
 def default_collate(samples: list[Any]) -> Any:
@@ -24,35 +25,51 @@ def default_collate(samples: list[Any]) -> Any:
     - ``bool``, ``int``, ``float`` and NumPy scalars: a 1-D tensor (``bool``, ``int64``,
       ``float64``, or the NumPy dtype);
     - ``str``, ``bytes``, ``None``: a list, unchanged;
-    - ``dict`` / ``list`` / ``tuple`` / namedtuple: collated per key or position, recursively.
+    - ``dict`` / ``list`` / ``tuple`` / namedtuple: collated per key or position, recursively
+      (every sample must have the same structure).
 
     Anything else raises ``TypeError`` naming the type.
     """
     if not samples:
         raise ValueError("cannot collate an empty list of samples")
-    first = samples[0]
+    treedef, first = flatten(samples[0])
+    columns: list[list[Any]] = [[leaf] for leaf in first]
+    for sample in samples[1:]:
+        other, leaves = flatten(sample)
+        if other != treedef:
+            raise ValueError(
+                "cannot collate samples of different structure in one batch (sequences of different "
+                f"lengths, dicts with other keys): {_describe(samples[0])} vs {_describe(sample)}"
+            )
+        for column, leaf in zip(columns, leaves, strict=True):
+            column.append(leaf)
+    return unflatten(treedef, [collate_leaves(column) for column in columns])
+
+
+def collate_leaves(column: list[Any]) -> Any:
+    """One leaf position of every sample (see :func:`default_collate`) to its batch."""
+    first = column[0]
     if isinstance(first, torch.Tensor):
-        _check_shapes([tuple(s.shape) for s in samples], "tensors")
-        return torch.stack(samples)
+        _check_shapes([tuple(s.shape) for s in column], "tensors")
+        return torch.stack(column)
     if isinstance(first, np.ndarray):
-        _check_shapes([s.shape for s in samples], "arrays")
+        _check_shapes([s.shape for s in column], "arrays")
         if first.dtype.kind in "OUSV":
             raise TypeError(f"cannot collate numpy arrays of dtype {first.dtype}")
-        return torch.from_numpy(np.stack(samples))
+        return torch.from_numpy(np.stack(column))
     if isinstance(first, (numbers.Number, np.generic)) and not isinstance(first, complex):
-        return _numbers(samples)
+        return _numbers(column)
     if first is None or isinstance(first, (str, bytes)):
-        return list(samples)
-    if isinstance(first, cabc.Mapping):
-        return {key: default_collate([s[key] for s in samples]) for key in first}
-    if isinstance(first, (tuple, list)):
-        if any(len(s) != len(first) for s in samples):
-            raise ValueError("cannot collate sequences of different lengths in one batch")
-        columns = [default_collate(list(col)) for col in zip(*samples, strict=True)]
-        if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
-            return type(first)(*columns)
-        return tuple(columns) if isinstance(first, tuple) else columns
+        return list(column)
     raise TypeError(f"default_collate cannot collate samples of type {type(first).__qualname__}")
+
+
+def _describe(sample: Any) -> str:
+    if isinstance(sample, dict):
+        return f"a dict with keys {list(sample)}"
+    if isinstance(sample, (tuple, list)):
+        return f"a {type(sample).__name__} of length {len(sample)}"
+    return f"a {type(sample).__name__}"
 
 
 def _numbers(samples: list[Any]) -> torch.Tensor:

@@ -16,7 +16,6 @@ With CUDA, per batch:
 
 from __future__ import annotations
 
-import collections.abc as cabc
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from .items import Batch
+from .tree import map_leaves
 
 __all__ = ["DeviceCopier", "PinnedPool", "map_tensors"]
 
@@ -32,18 +32,15 @@ __all__ = ["DeviceCopier", "PinnedPool", "map_tensors"]
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """Apply ``fn`` to every tensor inside nested dict/list/tuple/namedtuple; NumPy arrays
     become tensors first; str, bytes, None and numbers pass through unchanged."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, np.ndarray) and value.dtype.kind not in "OUSV":
-        return fn(torch.from_numpy(value))
-    if isinstance(value, cabc.Mapping):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, tuple):
-        items = [map_tensors(v, fn) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if isinstance(value, list):
-        return [map_tensors(v, fn) for v in value]
-    return value
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return fn(x)
+        if isinstance(x, np.ndarray) and x.dtype.kind not in "OUSV":
+            return fn(torch.from_numpy(x))
+        return x
+
+    return map_leaves(value, leaf)
 
 
 def _allocate_pinned(nbytes: int) -> torch.Tensor:

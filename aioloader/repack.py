@@ -14,40 +14,51 @@ after a resume: a few may repeat, none is lost.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from .items import Batch
+from .tree import flatten, map_leaves, unflatten
 
 __all__ = ["Repacker", "concat_rows", "take_rows"]
 
 
+def is_batch_leaf(value: Any) -> bool:
+    """In a collated batch, a tensor or a list of per-sample values (strings, ``None``, ...)
+    is one leaf; other lists are nodes (the columns of list samples)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    nodes = (list, tuple, dict, torch.Tensor)
+    return isinstance(value, list) and not any(isinstance(v, nodes) for v in value)
+
+
 def take_rows(value: Any, start: int, stop: int) -> Any:
     """Rows ``start:stop`` of a collated batch (tensors, lists, and dicts/tuples of them)."""
-    if isinstance(value, torch.Tensor | list):
-        return value[start:stop]
-    if isinstance(value, Mapping):
-        return {k: take_rows(v, start, stop) for k, v in value.items()}
-    if isinstance(value, tuple):
-        items = [take_rows(v, start, stop) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    raise TypeError(f"cannot take rows of a {type(value).__name__} in a batch")
+
+    def rows(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor | list):
+            return leaf[start:stop]
+        raise TypeError(f"cannot take rows of a {type(leaf).__name__} in a batch")
+
+    return map_leaves(value, rows, is_batch_leaf)
 
 
 def concat_rows(a: Any, b: Any) -> Any:
     """``a``'s rows then ``b``'s, for two batches of the same structure."""
-    if isinstance(a, torch.Tensor):
-        return torch.cat([a, b])
-    if isinstance(a, list):
-        return a + b
-    if isinstance(a, Mapping):
-        return {k: concat_rows(v, b[k]) for k, v in a.items()}
-    if isinstance(a, tuple):
-        items = [concat_rows(x, y) for x, y in zip(a, b, strict=True)]
-        return type(a)(*items) if hasattr(a, "_fields") else tuple(items)
-    raise TypeError(f"cannot join rows of a {type(a).__name__} in a batch")
+    treedef, left = flatten(a, is_batch_leaf)
+    other, right = flatten(b, is_batch_leaf)
+    if other != treedef:
+        raise ValueError("cannot join rows of batches of different structure")
+    joined = []
+    for x, y in zip(left, right, strict=True):
+        if isinstance(x, torch.Tensor):
+            joined.append(torch.cat([x, y]))
+        elif isinstance(x, list):
+            joined.append(x + y)
+        else:
+            raise TypeError(f"cannot join rows of a {type(x).__name__} in a batch")
+    return unflatten(treedef, joined)
 
 
 class Repacker:
