@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._worker import sample_rng
 from .dataset import IMAGE_EXTENSIONS, FileDataset
-from .decode import ImageDecoder
+from .decode.image import ImageDecoder
+from .decode.worker import sample_rng
 from .errors import (
     DecodeError,
     LoaderClosedError,

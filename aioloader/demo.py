@@ -26,7 +26,7 @@ from torch import nn
 
 from .config import usable_cpus
 from .dataset import FileDataset
-from .decode import ImageDecoder
+from .decode.image import ImageDecoder
 from .loader import Loader
 from .synthetic import make_image_folder
 

@@ -10,57 +10,51 @@ place, so the trainer receives every batch before it, then the error.
 from __future__ import annotations
 
 import asyncio
-import errno
-import logging
 import math
-import time
-import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Awaitable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import numpy as np
-import torch
-
-from ._worker import Result, run_chunk_in
-from .collate import default_collate
+from .assemble import Assembler
 from .config import LoaderConfig
 from .dataset import FileDataset
-from .decode import ImageDecoder
-from .errors import DecodeError, LoaderError, LoaderTimeoutError, ReadError, SampleError
+from .decode.image import ImageDecoder
+from .decode.layout import LayoutTracker, SampleLayout, describe
+from .decode.pool import DecodePool
+from .decode.protocol import ArrayRef, InArea, Pickled, RowResult, Source, Written
+from .decode.slabs import Slab, SlabPool
+from .decode.stage import DecodeStage
+from .errors import LoaderError, LoaderTimeoutError, SampleError
+from .failures import FailurePolicy
 from .items import END, Batch, Failure, Item
-from .reader import FileReader, Source
+from .reader import FileReader
 from .repack import Repacker
 from .sampler import EpochPlan
-from .slabs import Slab, SlabPool
-from .slots import OrderedSlots
 from .stats import Counters
-from .workers import DecodePool, describe_deaths
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "chunk_size", "declared_layout", "window_size"]
 
-logger = logging.getLogger("aioloader")
 T = TypeVar("T")
 
 
-class _Skipped:
-    """A sample left out under ``on_error="skip"`` (or not decoded yet)."""
-
-
-class _Wrote:
-    """A sample a worker wrote into its row of the batch slab."""
-
-
-SKIPPED = _Skipped()
-WROTE = _Wrote()
-#: ``(row in the batch, dataset index, source of the bytes)``
-Item3 = tuple[int, int, Source]
+def declared_layout(decode: object) -> SampleLayout | None:
+    """The layout a decoder declares with ``output_shape`` (and ``output_dtype``), if any."""
+    shape = getattr(decode, "output_shape", None)
+    if shape is None:
+        return None
+    return SampleLayout.declared(shape, getattr(decode, "output_dtype", "uint8"))
 
 
 class Engine:
-    """Produces the batches of one epoch into a queue (see :meth:`produce`)."""
+    """Produces the batches of one epoch into a queue (see :meth:`produce`).
+
+    The stages each have one small interface: ``reader.fetch`` (read one sample, or a
+    :class:`SampleError`), ``decoder.run`` (decode a chunk: a result or an error per
+    sample) and ``assembler.assemble`` (rows to a batch); ``policy`` decides what a failed
+    sample does. The engine keeps the batch window, the order of delivery, the chunking of
+    a batch over the workers, and what the slabs of the next batches look like.
+    """
 
     def __init__(
         self,
@@ -75,20 +69,26 @@ class Engine:
         self._cfg = config
         self._ds = dataset
         self._reader = reader
-        self._pool = pool
         self._slabs = slabs
-        self._collate_pool = collate_pool
-        self._collate: Callable[[list[Any]], Any] = config.collate or default_collate
         self._counters = counters
-        self._slots: OrderedSlots | None = None  # decode tasks in flight, granted in epoch order
-        self._opener: asyncio.Future[None] | None = None
-        self._hot = isinstance(config.decode, ImageDecoder) and config.sample_timeout is None
-        self._hot_lock: asyncio.Lock | None = None
-        self._warned: set[str] = set()
-        self._seen = 0  # samples attempted, for max_failures as a fraction
+        self.policy = FailurePolicy(config.on_error, config.max_failures, counters)
+        self._decoder = None
+        if pool is not None:
+            assert config.decode is not None
+            self._decoder = DecodeStage(
+                config.decode,
+                pool,
+                seed=config.seed,
+                sample_timeout=config.sample_timeout,
+                path_of=dataset.path,
+                hot=isinstance(config.decode, ImageDecoder),
+                local=collate_pool,
+                on_restart=counters.set_worker_restarts,
+            )
+        self._assembler = Assembler(dataset.labels, slabs, config.collate, config.zero_copy, collate_pool)
+        self._layout = LayoutTracker(declared_layout(config.decode))
         self._sizes = _SizeTracker(config.batch_size)
-        if slabs is not None:
-            slabs.want_input_capacity(self._sizes.arena_bytes())
+        self._plan_slabs()
         # Batches under construction: enough to keep every read slot busy, at least two so
         # the next batch starts while the current one finishes.
         self.window = window_size(config.io_concurrency, config.batch_size)
@@ -96,12 +96,16 @@ class Engine:
         # a batch still spreads over every worker (two chunks each).
         self.chunk = chunk_size(config.batch_size, config.num_workers)
 
+    def _plan_slabs(self) -> None:
+        """What the next slabs look like: rows blocks for the learned layout, an input arena
+        for the file sizes seen, an output area when shapes vary."""
+        if self._slabs is not None:
+            out = self._cfg.batch_size * self._layout.out_bytes_per_sample()
+            self._slabs.want(self._layout.sample, self._sizes.arena_bytes(), out)
+
     async def produce(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
         """Put the batches of ``plan.pending()`` into ``out``, then ``END`` or a
         ``Failure``. Cancelling the task cancels every read and decode it started."""
-        if self._slots is None and self._pool is not None:
-            slots = self._slots = OrderedSlots(2 * self._cfg.num_workers, opened=False)
-            self._opener = asyncio.ensure_future(self._open_when_started(slots))
         try:
             await self._run(plan, out)
         except LoaderError as exc:
@@ -117,7 +121,7 @@ class Engine:
         """Build up to ``window`` batches at once; deliver them in sampler order, or as they
         finish with ``ordered=False`` (a batch waiting on one slow file does not hold back
         the others)."""
-        building: deque[asyncio.Task[Batch | None]] = deque()
+        building: deque[asyncio.Task[Batch]] = deque()
         todo = deque(plan.pending())
         cfg = self._cfg
         # drop_last with skipping: batches that lost samples are topped up from the next ones.
@@ -130,7 +134,7 @@ class Engine:
             while todo or building:
                 while todo and len(building) < self.window:
                     building.append(asyncio.ensure_future(self._batch(plan, todo.popleft())))
-                if self._cfg.ordered:
+                if cfg.ordered:
                     task = building[0]
                     await task
                 else:
@@ -138,26 +142,24 @@ class Engine:
                     task = min(done, key=building.index)
                 building.remove(task)
                 batch = task.result()
-                if batch is not None:
-                    for full in repack.push(batch) if repack is not None else [batch]:
-                        await out.put(full)
+                for full in repack.push(batch) if repack is not None else [batch]:
+                    await out.put(full)
         finally:
             await _cancel(building)
 
-    async def _batch(self, plan: EpochPlan, k: int) -> Batch | None:
+    async def _batch(self, plan: EpochPlan, k: int) -> Batch:
         """Read, decode and assemble batch ``k``."""
         indices: list[int] = plan.batch(k).tolist()
         slab = self._slabs.acquire() if self._slabs is not None else None
         try:
-            results: list[Any] = [SKIPPED] * len(indices)
+            results: list[RowResult | None] = [None] * len(indices)
             rows = range(len(indices))
             await _gather_or_cancel(
                 self._chunk(plan.epoch, k, slab, indices, rows[i : i + self.chunk], results)
                 for i in range(0, len(indices), self.chunk)
             )
-            if self._slabs is not None:
-                self._slabs.want_input_capacity(self._sizes.arena_bytes())
-            batch, slab = await self._assemble(k, indices, results, slab)
+            self._learn(results, slab)
+            batch, slab = await self._assembler.assemble(k, indices, results, slab)
             return batch
         except BaseException:
             if slab is not None:  # a worker or a read may still write into it: never reuse it
@@ -168,237 +170,67 @@ class Engine:
                 self._slabs.release(slab)  # type: ignore[union-attr]
 
     async def _chunk(
-        self, epoch: int, k: int, slab: Slab | None, indices: list[int], rows: range, results: list[Any]
+        self,
+        epoch: int,
+        k: int,
+        slab: Slab | None,
+        indices: list[int],
+        rows: range,
+        results: list[RowResult | None],
     ) -> None:
         """Read the files of ``rows`` concurrently, then decode them in one worker task."""
         sources = await _gather_or_cancel(self._read(indices[r], slab) for r in rows)
-        items = [
-            (r, indices[r], src)
-            for r, src in zip(rows, sources, strict=True)
-            if not isinstance(src, _Skipped)
-        ]
+        items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
         if not items:
             return
-        if self._pool is None:  # decode=None: the sample is the file's bytes
+        if self._decoder is None:  # decode=None: the sample is the file's bytes
             for r, _, src in items:
-                results[r] = src
+                results[r] = Pickled(src)
             return
-        await self._decode(epoch, k, slab, items, results)
-
-    async def _decode(
-        self, epoch: int, k: int, slab: Slab | None, items: list[Item3], results: list[Any]
-    ) -> None:
-        """Decode ``items`` in one task; after a worker death, resubmit what is left.
-
-        The slab's status table says which row each dead worker was on. A row whose worker
-        was killed for a timeout fails with :class:`LoaderTimeoutError`; a row that was on a
-        crashing worker twice fails as a :class:`DecodeError`; every other row is resubmitted
-        (its result, if any, was lost with the task), so nothing is lost or delivered twice.
-        """
-        assert self._pool is not None and self._slots is not None
-        pool = self._pool
-        layout = (slab.status_offset, slab.in_offset, slab.out_offset) if slab is not None else (0, 0, 0)
-        crashes: dict[int, int] = {}
-        outcome = await self._decode_here(epoch, slab, layout, items)
-        while outcome is None and items:
-            generation = pool.generation
-            async with self._slots.slot((k, items[0][0])):
-                try:
-                    fut = pool.submit(slab.path if slab else None, layout, items, self._cfg.seed, epoch)
-                    outcome = await self._watch(fut, slab, items)
-                    break
-                except BrokenProcessPool:
-                    pass
-            paths = [self._ds.path(i) for _, i, _ in items]
-            await pool.recover(generation, paths)
-            self._counters.worker_restarts = pool.restarts
-            left: list[Item3] = []
-            for item in items:
-                r, index = item[0], item[1]
-                pid = int(slab.status[r, 0]) if slab is not None else 0
-                path = self._ds.path(index)
-                if pid > 0 and pid in pool.timed_out:
-                    limit = self._cfg.sample_timeout
-                    late = LoaderTimeoutError(
-                        f"decode took longer than sample_timeout={limit}s", path=path, index=index
-                    )
-                    results[r] = self._failed(late, None)
-                elif pid > 0 and pid in pool.culprits:
-                    crashes[r] = crashes.get(r, 0) + 1
-                    if crashes[r] >= 2:
-                        why = describe_deaths({pid: pool.culprits[pid]})
-                        results[r] = self._failed(
-                            DecodeError(f"decode worker {why}, twice", path=path, index=index), None
-                        )
-                    else:
-                        left.append(item)
-                else:
-                    left.append(item)
-            items = left
-        if outcome is None:
-            return
-        for (r, index, _), res in zip(items, outcome, strict=True):
-            if res is None:
-                results[r] = WROTE
-            elif res[0] == "value":
-                results[r] = res[1]
+        per_sample = self._layout.out_bytes_per_sample()
+        share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
+        outcomes = await self._decoder.run(epoch, k, slab, items, share)
+        for (r, _, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, SampleError):
+                self.policy.failed(outcome)
             else:
-                _, cause, text = res
-                path = self._ds.path(index)
-                err = DecodeError(
-                    f"decode failed: {type(cause).__name__}: {cause}\n--- worker traceback ---\n{text}",
-                    path=path,
-                    index=index,
-                )
-                err.worker_traceback = text
-                results[r] = self._failed(err, cause)
+                results[r] = outcome
 
-    async def _open_when_started(self, slots: OrderedSlots) -> None:
-        assert self._pool is not None
-        try:
-            await self._pool.started()
-        finally:  # a pool that failed to start raises at submit, in order
-            slots.open()
-
-    async def _decode_here(
-        self, epoch: int, slab: Slab | None, layout: tuple[int, int, int], items: list[Item3]
-    ) -> list[Result] | None:
-        """Hot start: until every worker process is up (the fork server takes about a second
-        to boot), decode one chunk at a time on a thread of this process, so the first batch
-        does not wait for the workers. Only for the built-in ImageDecoder, and not with
-        ``sample_timeout`` (a thread cannot be killed): a user's decode may crash or hang,
-        and that must never take the trainer's process with it. None: use the workers."""
-        pool = self._pool
-        if not self._hot or pool is None or pool.warm.is_set():
-            return None
-        if self._hot_lock is None:
-            self._hot_lock = asyncio.Lock()
-        async with self._hot_lock:  # one chunk at a time, first come (in batch order) first served
-            if pool.warm.is_set():
-                return None
-            spec = self._slabs.spec if self._slabs is not None else None
-            shape = spec.shape if spec is not None else None
-            dtype = spec.dtype if spec is not None and shape is not None else None
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._collate_pool,
-                run_chunk_in,
-                slab.mmap if slab is not None else None,
-                layout,
-                items,
-                self._cfg.seed,
-                epoch,
-                self._cfg.decode,
-                shape,
-                dtype,
-            )
-
-    async def _watch(self, fut: Future[list[Result]], slab: Slab | None, items: list[Item3]) -> list[Result]:
-        """Await a decode task; with ``sample_timeout``, kill the worker of a row that has
-        been decoding longer than that (the status table says who and since when)."""
-        timeout = self._cfg.sample_timeout
-        waiting = asyncio.wrap_future(fut)
-        if timeout is None or slab is None:
-            return await waiting
-        assert self._pool is not None
-        while True:
-            done, _ = await asyncio.wait([waiting], timeout=min(0.2, timeout / 4))
-            if done:
-                return waiting.result()
-            now = time.monotonic()
-            for r, _, _ in items:
-                pid, start = slab.status[r]
-                if pid > 0 and now - start > timeout:
-                    self._pool.kill_for_timeout(int(pid))
-
-    async def _read(self, index: int, slab: Slab | None) -> Source | _Skipped:
+    async def _read(self, index: int, slab: Slab | None) -> Source | None:
+        """Sample ``index``'s bytes, or None when it failed and is skipped."""
+        self.policy.attempted()
         path = self._ds.path(index)
-        self._seen += 1
+        arena = slab.input if slab is not None and self._decoder is not None else None
         try:
-            if slab is not None and self._pool is not None:
-                reading: Awaitable[Source] = self._reader.read_into(path, slab.arena)
-            else:
-                reading = self._reader.read(path)
-            src = await asyncio.wait_for(reading, self._cfg.sample_timeout)
-        except asyncio.TimeoutError:
-            if slab is not None:
+            src = await self._reader.fetch(path, index, arena, self._cfg.sample_timeout)
+        except SampleError as err:
+            if isinstance(err, LoaderTimeoutError) and slab is not None:
                 slab.tainted = True  # the abandoned read may still write into its arena
-            limit = self._cfg.sample_timeout
-            return self._failed(
-                LoaderTimeoutError(f"read took longer than sample_timeout={limit}s", path=path, index=index),
-                None,
-            )
-        except OSError as exc:
-            hint = ""
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
-                io = self._cfg.io_concurrency
-                hint = f"; raise the open-file limit (ulimit -n) or lower io_concurrency={io}"
-            err = ReadError(f"cannot read file: {exc.strerror or exc}{hint}", path=path, index=index)
-            return self._failed(err, exc)
+            self.policy.failed(err)
+            return None
         size = src[1] if isinstance(src, tuple) else len(src)
-        if size == 0:
-            return self._failed(ReadError("empty file", path=path, index=index), None)
         self._counters.add_bytes(size)
         self._sizes.add(size)
         return src
 
-    async def _assemble(
-        self, k: int, indices: list[int], results: list[Any], slab: Slab | None
-    ) -> tuple[Batch | None, Slab | None]:
-        """The batch from decoded rows; returns the slab too unless the batch now owns it."""
-        kept = [r for r, res in enumerate(results) if res is not SKIPPED]
-        if not kept:  # every sample skipped: an empty marker keeps the resume position exact
-            return Batch(index=k, value=None, size=0), slab
-        labels = self._ds.labels
-        label_tensor = (
-            None if labels is None else torch.from_numpy(labels[[indices[r] for r in kept]].astype(np.int64))
-        )
-        if slab is not None and all(results[r] is WROTE for r in kept) and self._cfg.collate is None:
-            if len(kept) == len(results) and self._cfg.zero_copy:
-                array = slab.output(len(kept))
-                # The slab is free again once the last tensor viewing it is garbage.
-                weakref.finalize(array, self._slabs.release, slab)  # type: ignore[union-attr]
-                slab = None
-            else:
-                array = slab.output(len(results))[kept]  # a copy: the slab is free at once
-            images = torch.from_numpy(array)
-            value = images if label_tensor is None else (images, label_tensor)
-            return Batch(index=k, value=value, size=len(kept)), slab
-        rows = slab.output(len(results)) if slab is not None and slab.spec.shape is not None else None
-        # Rows written into the slab are copied out: the slab goes back once collated.
-        samples = [rows[r].copy() if rows is not None and results[r] is WROTE else results[r] for r in kept]
-        if label_tensor is not None:
-            samples = [(s, int(lbl)) for s, lbl in zip(samples, label_tensor.tolist(), strict=True)]
-        return await self._collate_batch(k, samples), slab
-
-    async def _collate_batch(self, k: int, samples: list[Any]) -> Batch:
-        loop = asyncio.get_running_loop()
-        try:
-            value = await loop.run_in_executor(self._collate_pool, self._collate, samples)
-        except Exception as exc:
-            raise LoaderError(f"collate failed for batch {k}: {type(exc).__name__}: {exc}") from exc
-        return Batch(index=k, value=value, size=len(samples))
-
-    def _failed(self, err: SampleError, cause: BaseException | None) -> _Skipped:
-        """Raise ``err`` (``on_error="raise"``) or count and skip the sample."""
-        err.__cause__ = cause
-        if self._cfg.on_error == "raise":
-            raise err
-        reason = type(err).__name__
-        self._counters.failed(reason, err.path)
-        if err.path not in self._warned:
-            self._warned.add(err.path)
-            logger.warning("skipped %s", err)
-        limit = self._cfg.max_failures
-        failures = self._counters.snapshot().failures
-        if limit is not None:
-            over = failures > limit if isinstance(limit, int) else failures > limit * self._seen
-            if over:
-                raise LoaderError(
-                    f"too many failed samples: {failures} of {self._seen} seen (max_failures={limit!r}); "
-                    f"last: {err}"
-                ) from err
-        return SKIPPED
+    def _learn(self, results: list[RowResult | None], slab: Slab | None) -> None:
+        """Feed the layout tracker with this batch's samples; plan the next slabs."""
+        if slab is None:
+            return
+        misses = []
+        fitted = 0
+        for res in results:
+            if isinstance(res, Written):
+                fitted += 1
+            elif isinstance(res, InArea):
+                specs = tuple(x.spec if isinstance(x, ArrayRef) else None for x in res.leaves)
+                misses.append((res.treedef, specs))
+            elif isinstance(res, Pickled):
+                treedef, _, specs = describe(res.value)
+                misses.append((treedef, specs))
+        if misses or not self._layout.known:
+            self._layout.observe(misses, fitted, slab.layout.sample)
+        self._plan_slabs()
 
 
 def window_size(io_concurrency: int, batch_size: int) -> int:

@@ -22,7 +22,7 @@ from .bridge import Run
 from .config import LoaderConfig, OnError
 from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from .dataset import FileDataset, StrPath
-from .decode import ImageDecoder
+from .decode.image import ImageDecoder
 from .errors import LoaderClosedError
 from .resume import Progress, ResumePoint, check_state, make_state, plan_for
 from .runtime import Runtime
@@ -294,6 +294,7 @@ class Loader:
         stats = {
             "samples": snap.samples,
             "batches": snap.batches,
+            "attempted": snap.attempted,
             "failures_by_reason": snap.failures_by_reason,
         }
         return make_state(self._config, len(self._dataset), progress, stats)
@@ -310,6 +311,7 @@ class Loader:
             int(stats.get("samples", 0)),
             int(stats.get("batches", 0)),
             dict(stats.get("failures_by_reason", {})),
+            int(stats.get("attempted", 0)),
         )
         self._resume = point
         self._epoch, self._epoch_set = point.epoch, True

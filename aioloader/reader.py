@@ -1,4 +1,5 @@
-"""Stage 2: read whole files on the event loop through aiofiles.
+"""Stage 2: read whole files on the event loop through aiofiles; failures become
+:class:`~aioloader.SampleError` s naming the file (:meth:`FileReader.fetch`).
 
 aiofiles runs blocking file calls on an executor. Two things make that scale:
 
@@ -21,13 +22,12 @@ from typing import Any
 
 from aiofiles.os import wrap
 
-from .slabs import Arena
+from .decode.protocol import Source
+from .decode.slabs import Arena
+from .errors import LoaderTimeoutError, ReadError
 from .threads import DaemonThreadPool
 
-__all__ = ["FileReader", "read_file"]
-
-#: Where a sample's bytes are: ``(offset, length)`` in a slab's input arena, or the bytes.
-Source = tuple[int, int] | bytes
+__all__ = ["FileReader", "Source", "read_file"]
 
 
 def read_file(path: str) -> bytes:
@@ -121,6 +121,38 @@ class FileReader:
     async def read_into(self, path: str, arena: Arena) -> Source:
         """Like :meth:`read`, but into ``arena`` when the file fits (one executor hop)."""
         src: Source = await self._retrying(path, self._read_into, path, arena)
+        return src
+
+    async def fetch(self, path: str, index: int, arena: Arena | None, timeout: float | None) -> Source:
+        """Sample ``index``'s bytes (into ``arena`` when given and they fit). Raises
+        :class:`ReadError` (missing, unreadable, empty, I/O error after the retries) or
+        :class:`LoaderTimeoutError` past ``timeout`` seconds, retries included; after a
+        timeout the abandoned read may still write into ``arena``."""
+        # Errors are built outside the except blocks and chained to a cause without its
+        # traceback: a traceback's frames would keep ``arena`` (the whole slab) mapped for
+        # as long as the error lives (in a log handler, say).
+        failure: OSError | None = None
+        timed_out = False
+        try:
+            reading = self.read(path) if arena is None else self.read_into(path, arena)
+            src: Source = await asyncio.wait_for(reading, timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+        except OSError as exc:
+            failure = exc.with_traceback(None)
+        if timed_out:
+            raise LoaderTimeoutError(
+                f"read took longer than sample_timeout={timeout}s", path=path, index=index
+            )
+        if failure is not None:
+            hint = ""
+            if failure.errno in (errno.EMFILE, errno.ENFILE):
+                io = self.io_concurrency
+                hint = f"; raise the open-file limit (ulimit -n) or lower io_concurrency={io}"
+            why = failure.strerror or failure
+            raise ReadError(f"cannot read file: {why}{hint}", path=path, index=index) from failure
+        if (src[1] if isinstance(src, tuple) else len(src)) == 0:
+            raise ReadError("empty file", path=path, index=index)
         return src
 
     async def _retrying(self, path: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -23,14 +23,14 @@ from typing import Any, TypeVar
 from .bridge import Bridge, Run
 from .config import LoaderConfig
 from .dataset import FileDataset
+from .decode.pool import DecodePool
+from .decode.slabs import SlabPool, shm_available
 from .device import DeviceCopier
-from .engine import Engine, window_size
+from .engine import Engine, declared_layout, window_size
 from .errors import LoaderError
 from .reader import FileReader
 from .sampler import EpochPlan
-from .slabs import SlabPool, slab_spec_for
 from .stats import Counters
-from .workers import DecodePool
 
 __all__ = ["EventLoopThread", "Runtime"]
 
@@ -144,18 +144,15 @@ class Runtime:
             )
             config = dataclasses.replace(config, io_concurrency=io)
         self.config = config
-        spec = slab_spec_for(config.decode, config.collate, config.batch_size)
         self.pool = None
+        self.slabs = None
         if config.decode is not None:
-            shape = spec.shape if spec is not None else None
-            dtype = spec.dtype.str if spec is not None and shape is not None else None
-            self.pool = DecodePool(
-                config.decode, config.num_workers, shape, dtype, config.max_worker_restarts
-            )
-        # Enough slabs for every batch the pipeline itself holds: under construction, queued,
-        # in the bridge, in the hand-off, and the one the trainer is using.
-        pooled = window_size(config.io_concurrency, config.batch_size) + config.prefetch + 3
-        self.slabs = SlabPool(spec, pooled, 0) if spec is not None else None
+            self.pool = DecodePool(config.decode, config.num_workers, config.max_worker_restarts)
+            if shm_available():  # else every sample crosses the pipe, pickled
+                # Enough slabs for every batch the pipeline itself holds: under construction,
+                # queued, in the bridge, in the hand-off, and the one the trainer is using.
+                pooled = window_size(config.io_concurrency, config.batch_size) + config.prefetch + 3
+                self.slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode))
         self.reader = FileReader(
             config.io_concurrency,
             config.read,

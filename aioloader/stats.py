@@ -21,6 +21,7 @@ class LoaderStats:
 
     samples: int = 0
     batches: int = 0
+    attempted: int = 0
     bytes_read: int = 0
     failures: int = 0
     failures_by_reason: dict[str, int] = field(default_factory=dict)
@@ -44,6 +45,7 @@ class Counters:
         self._lock = threading.Lock()
         self.samples = 0
         self.batches = 0
+        self.attempted = 0  # samples whose read started, for a fractional max_failures
         self.bytes_read = 0
         self.wait_seconds = 0.0
         self.failures: Counter[str] = Counter()
@@ -91,14 +93,27 @@ class Counters:
             self.failures[reason] += 1
             self.failed_paths.append(path)
 
+    def attempt(self, n: int) -> None:
+        with self._lock:
+            self.attempted += n
+
+    def failure_counts(self) -> tuple[int, int]:
+        """``(failures, samples attempted)`` over the loader's life."""
+        with self._lock:
+            return sum(self.failures.values()), self.attempted
+
+    def set_worker_restarts(self, n: int) -> None:
+        with self._lock:
+            self.worker_restarts = n
+
     def retried(self) -> None:
         with self._lock:
             self.read_retries += 1
 
-    def restore(self, samples: int, batches: int, failures: dict[str, int]) -> None:
+    def restore(self, samples: int, batches: int, failures: dict[str, int], attempted: int) -> None:
         """Carry totals over from a resumed run's state."""
         with self._lock:
-            self.samples, self.batches = samples, batches
+            self.samples, self.batches, self.attempted = samples, batches, attempted
             self.failures = Counter(failures)
 
     def snapshot(self) -> LoaderStats:
@@ -107,6 +122,7 @@ class Counters:
             return LoaderStats(
                 samples=self.samples,
                 batches=self.batches,
+                attempted=self.attempted,
                 bytes_read=self.bytes_read,
                 failures=sum(self.failures.values()),
                 failures_by_reason=dict(self.failures),

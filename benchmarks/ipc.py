@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from aioloader.workers import mp_context
+from aioloader.decode.pool import mp_context
 
 IN_BYTES = 110_000
 OUT_SHAPE = (3, 224, 224)

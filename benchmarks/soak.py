@@ -51,7 +51,7 @@ import numpy as np
 
 from aioloader import FileDataset, ImageDecoder, Loader
 from aioloader.synthetic import make_image_folder
-from aioloader.workers import mp_context
+from aioloader.decode.pool import mp_context
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import loadavg, machine

@@ -16,7 +16,7 @@ import torch
 from helpers import shm_segments, write_numbered_files
 
 from aioloader.synthetic import make_image_folder
-from aioloader.workers import mp_context
+from aioloader.decode.pool import mp_context
 
 
 @pytest.fixture(scope="session", autouse=True)

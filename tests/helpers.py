@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,3 +118,46 @@ def shm_segments(pid: int | None = None) -> set[str]:
         return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
     except FileNotFoundError:
         return set()
+
+
+# -- decoders with undeclared outputs (the zero-copy path learns their layout) ----------------
+
+
+def number_image(data: bytes) -> np.ndarray:
+    """A plain user function: the number as a (3, 4, 5) uint8 array, nothing declared."""
+    return np.full((3, 4, 5), int(decode_number(data)[0]) % 256, dtype=np.uint8)
+
+
+def number_tensor(data: bytes) -> Any:
+    """The number as a (2, 3) float32 torch tensor (the worker imports torch for it)."""
+    import torch
+
+    return torch.full((2, 3), float(decode_number(data)[0]))
+
+
+def number_dict(data: bytes) -> dict[str, Any]:
+    """A nested sample: arrays beside numbers, a string and None."""
+    n = int(decode_number(data)[0])
+    return {
+        "image": np.full((2, 2), n, dtype=np.int32),
+        "meta": {"n": n, "half": n / 2, "name": f"s{n}", "none": None},
+        "pair": (np.arange(3, dtype=np.float64) + n, n % 2 == 0),
+    }
+
+
+def number_ragged(data: bytes) -> np.ndarray:
+    """Shapes vary: ``n % 4 + 1`` rows of the number (needs a custom collate)."""
+    n = int(decode_number(data)[0])
+    return np.full((n % 4 + 1, 2), n, dtype=np.int16)
+
+
+class FailingImage:
+    """number_image, raising ValueError on the numbers in ``bad``."""
+
+    def __init__(self, bad: frozenset[int]) -> None:
+        self.bad = bad
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        if int(decode_number(data)[0]) in self.bad:
+            boom(ValueError, "bad sample")
+        return number_image(data)

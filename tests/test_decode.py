@@ -1,26 +1,23 @@
-"""aioloader.decode.ImageDecoder called in-process, and the worker side of the decode
-protocol (aioloader._worker.run_chunk).
-
-The worker protocol is exercised without processes: ``_worker._decode`` is monkeypatched
-(``worker_init`` would set SIGINT to ignored in the test process).
+"""aioloader.ImageDecoder called in-process, and through the worker's task function
+(``aioloader.decode.worker.run_chunk``, without processes: ``_decode`` is monkeypatched, as
+``worker_init`` would set SIGINT to ignored in the test process). The rest of the worker
+protocol is in test_protocol.py.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import pickle
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
-from aioloader import ImageDecoder, _worker, sample_rng
+from aioloader import ImageDecoder
+from aioloader.decode import worker as _worker
+from aioloader.decode.protocol import Chunk, Pickled
 from aioloader.synthetic import make_image
 
 
@@ -79,18 +76,9 @@ def draft_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, int], 
     return calls
 
 
-#: ``run_chunk``'s slab layout ``(status, input, output)`` offsets; unused without a slab.
-NO_SLAB = (0, 0, 0)
-
-
-def run_bytes(items: list[tuple[int, int, Any]], seed: int = 0, epoch: int = 0) -> list[Any]:
-    """``(row, index, bytes)`` items through the worker's task function, without a slab."""
-    return _worker.run_chunk(None, NO_SLAB, items, seed, epoch)
-
-
 def run_one(data: bytes, seed: int = 0, epoch: int = 0, index: int = 0) -> Any:
     """One sample through the worker's task function, bytes in, no slab."""
-    results = run_bytes([(0, index, data)], seed, epoch)
+    results = _worker.run_chunk(Chunk(None, None, [(0, index, data)], seed, epoch))
     assert len(results) == 1
     return results[0]
 
@@ -101,8 +89,8 @@ def in_worker(monkeypatch: pytest.MonkeyPatch, decode: Callable[[bytes], Any]) -
 
     def run(data: bytes, seed: int = 0, epoch: int = 0, index: int = 0) -> Any:
         result = run_one(data, seed, epoch, index)
-        assert result is not None and result[0] == "value", result
-        return result[1]
+        assert isinstance(result, Pickled), result
+        return result.value
 
     return run
 
@@ -504,157 +492,3 @@ def test_truncated_file_raises_never_a_partial_image(monkeypatch: pytest.MonkeyP
             with pytest.raises(OSError, match="truncated"):
                 ImageDecoder(64, draft=draft)(data[: len(data) // 2])
         assert ImageDecoder(64)(data).shape == (3, 64, 64)  # the whole file is fine
-
-
-# -- run_chunk: the worker side of the protocol -------------------------------------------------
-
-
-class Unpicklable(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.lock = threading.Lock()
-
-
-class TwoArgError(Exception):
-    """Pickles, but cannot be unpickled: __init__ needs two arguments, args holds one."""
-
-    def __init__(self, code: int, detail: str) -> None:
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-
-
-def raise_value_error_in_decode(data: bytes) -> None:
-    raise ValueError(f"cannot decode {data!r}")
-
-
-def raise_unpicklable_in_decode(data: bytes) -> None:
-    raise Unpicklable("holds a lock")
-
-
-def raise_two_arg_error_in_decode(data: bytes) -> None:
-    raise TwoArgError(7, "nope")
-
-
-def test_run_chunk_success(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_worker, "_decode", lambda data: data.upper())
-    assert run_one(b"abc") == ("value", b"ABC")
-
-
-def test_run_chunk_failure_returns_exception_and_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_worker, "_decode", raise_value_error_in_decode)
-    result = run_one(b"xyz")
-    assert result[0] == "error"
-    exc, text = result[1:]
-    assert type(exc) is ValueError
-    assert str(exc) == "cannot decode b'xyz'"
-    assert isinstance(text, str)
-    assert "raise_value_error_in_decode" in text
-    assert "ValueError: cannot decode b'xyz'" in text
-    # What goes back must cross the process pipe.
-    back = pickle.loads(pickle.dumps(result))
-    assert type(back[1]) is ValueError and str(back[1]) == str(exc)
-
-
-def test_run_chunk_one_failure_does_not_spoil_the_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
-    def decode(data: bytes) -> bytes:
-        if data == b"bad":
-            raise_value_error_in_decode(data)
-        return data * 2
-
-    monkeypatch.setattr(_worker, "_decode", decode)
-    items: list[tuple[int, int, Any]] = [(0, 10, b"a"), (1, 11, b"bad"), (2, 12, b"c")]
-    results = run_bytes(items)
-    assert results[0] == ("value", b"aa")
-    assert results[1][0] == "error" and type(results[1][1]) is ValueError
-    assert results[2] == ("value", b"cc")
-
-
-def test_run_chunk_unpicklable_exception_becomes_runtime_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_worker, "_decode", raise_unpicklable_in_decode)
-    kind, exc, text = run_one(b"")
-    assert kind == "error"
-    assert type(exc) is RuntimeError
-    assert "Unpicklable" in str(exc)
-    assert "holds a lock" in str(exc)
-    assert "raise_unpicklable_in_decode" in text
-    pickle.loads(pickle.dumps(exc))
-
-
-def test_run_chunk_exception_that_cannot_be_unpickled(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_worker, "_decode", raise_two_arg_error_in_decode)
-    result = run_one(b"")
-    assert result[0] == "error"
-    back = pickle.loads(pickle.dumps(result))  # the parent's side of the pipe
-    exc = back[1]
-    assert "TwoArgError" in f"{type(exc).__name__}: {exc}"
-    assert "7: nope" in str(exc)
-
-
-def test_run_chunk_without_worker_init_fails_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_worker, "_decode", None)
-    kind, exc, _text = run_one(b"")
-    assert kind == "error"
-    assert isinstance(exc, AssertionError)
-
-
-def test_run_chunk_writes_fitting_samples_into_the_slab(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    # Slab file: status (2 float64 per row, 4 rows) | input arena | output rows of 3 bytes.
-    slab = tmp_path / "slab"
-    status_offset, in_offset, out_offset = 0, 64, 80
-    arena = b"abcdefghi"  # three 3-byte files at arena offsets 0, 3, 6
-    slab.write_bytes(bytes(in_offset) + arena + bytes(out_offset - in_offset - len(arena) + 4 * 3))
-    monkeypatch.setattr(_worker, "_maps", OrderedDict())
-    monkeypatch.setattr(_worker, "_shape", (3,))
-    monkeypatch.setattr(_worker, "_dtype", np.dtype(np.uint8))
-
-    def decode(data: bytes) -> np.ndarray:
-        arr = np.frombuffer(data, dtype=np.uint8)[::-1].copy()
-        return arr if data != b"xyz" else arr[:2]  # one sample does not fit the slab row
-
-    monkeypatch.setattr(_worker, "_decode", decode)
-    items: list[tuple[int, int, Any]] = [(0, 5, (0, 3)), (2, 6, (6, 3)), (1, 7, b"xyz"), (3, 8, b"pqr")]
-    try:
-        results = _worker.run_chunk(os.fspath(slab), (status_offset, in_offset, out_offset), items, 0, 0)
-    finally:
-        for m in _worker._maps.values():
-            m.close()
-    assert results[0] is None and results[1] is None and results[3] is None
-    assert results[2][0] == "value"
-    assert results[2][1].tolist() == list(b"zy")
-    content = slab.read_bytes()
-    rows = content[out_offset:]
-    assert rows[0:3] == b"cba"
-    assert rows[3:6] == bytes(3)  # row 1 untouched: its sample came back by value
-    assert rows[6:9] == b"ihg"
-    assert rows[9:12] == b"rqp"
-    assert content[in_offset : in_offset + len(arena)] == arena  # the input is left alone
-    # Every row's status names this process as its (finished) decoder.
-    status = np.frombuffer(content, dtype=np.float64, count=8, offset=status_offset).reshape(4, 2)
-    assert status[:, 0].tolist() == [-float(os.getpid())] * 4
-    assert np.all(status[:, 1] > 0)
-
-
-def test_sample_rng_inside_run_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
-    def draws(data: bytes) -> tuple[float, float, bool]:
-        rng = sample_rng()
-        return rng.random(), sample_rng().random(), sample_rng() is rng
-
-    monkeypatch.setattr(_worker, "_decode", draws)
-    _, (a1, a2, same) = run_one(b"", 1, 2, 3)
-    _, (b1, b2, _) = run_one(b"", 1, 2, 3)
-    _, (c1, _, _) = run_one(b"", 1, 2, 4)
-    assert same  # one generator per sample: successive draws continue its stream
-    assert (a1, a2) == (b1, b2)
-    assert a1 != a2
-    assert c1 != a1
-    # Each sample of a chunk gets its own (seed, epoch, index) generator.
-    chunk = run_bytes([(0, 4, b""), (1, 3, b"")], 1, 2)
-    assert chunk[1][1][:2] == (a1, a2)
-    assert chunk[0][1][0] == c1
-    # The context is cleared after each sample, success or failure.
-    assert getattr(_worker._local, "context", None) is None and getattr(_worker._local, "rng", None) is None
-    monkeypatch.setattr(_worker, "_decode", raise_value_error_in_decode)
-    run_one(b"", 1, 2, 3)
-    assert getattr(_worker._local, "context", None) is None and getattr(_worker._local, "rng", None) is None

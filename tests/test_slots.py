@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aioloader.slots import OrderedSlots
+from aioloader.decode.slots import OrderedSlots
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,20 +1,22 @@
 """Shared-memory batch slabs: where file bytes go in and decoded samples come out.
 
-A slab is one shared-memory segment (a file in ``/dev/shm``) that holds a whole batch:
+A slab is one shared-memory segment (a file in ``/dev/shm``) that holds a whole batch, laid
+out by :func:`.layout.plan_slab`::
 
-    [ input arena: the batch's file bytes, bump-allocated | output: batch_size samples ]
+    [ status table | input arena: the batch's file bytes | rows blocks | output area ]
 
-The reader threads read each file straight into the arena (``readinto``), a worker decodes
-from there straight into its sample's row of the output, and the full output *is* the
-collated batch, handed out as a tensor without a copy. Only offsets and small metadata
-cross the process boundary (see ``benchmarks/ipc.py``: ~13 us of parent CPU per sample,
-against ~160 us pickling chunks and ~1 ms pickling one task per sample).
+The reader threads read each file straight into the input arena (``readinto``); a worker
+decodes from there into the sample's row of each rows block (when the batch's samples share
+the learned layout: the blocks *are* the collated batch, handed out as tensors without a
+copy) or into its chunk's share of the output area (samples then reach the collate as
+views). Only offsets and small metadata cross the process boundary.
 
 Slabs are recycled through a free list (the way Caffe's prefetch_free_/prefetch_full_ queues
-recycle buffers). A slab returns to it only when nobody can see it: when the last tensor
-viewing it is garbage (``weakref.finalize`` on the array under the tensor), so a trainer
-that keeps batches never sees them change. The free list is bounded (``pooled``); slabs made
-beyond it while batches are held are one-shot and unlinked on release.
+recycle buffers). A slab returns to it only when nobody can see it: :meth:`Slab.owner` is
+the array every view handed out derives from, and the slab is released when it is garbage,
+so a trainer that keeps batches never sees them change. The free list is bounded
+(``pooled``); slabs made beyond it while batches are held are one-shot and unlinked on
+release.
 
 Every segment is registered with multiprocessing's resource tracker, so even a parent killed
 by SIGKILL leaves nothing in ``/dev/shm``; ``close`` unlinks them all at once (memory that a
@@ -29,20 +31,21 @@ import os
 import secrets
 import shutil
 import threading
-from dataclasses import dataclass
+import weakref
 from multiprocessing import resource_tracker
 from typing import Any
 
 import numpy as np
 
-from .errors import LoaderError
+from ..errors import LoaderError
+from .layout import SampleLayout, SlabLayout, plan_slab
+from .protocol import StatusTable
 
-__all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "SlabSpec", "shm_available", "slab_spec_for"]
+__all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "shm_available"]
 
 #: Where segments are made: a tmpfs, so "files" there are shared memory.
 SHM_DIR = "/dev/shm"
 PREFIX = "aioloader-"
-STATUS_ROW_BYTES = 16  # (pid, start) as two float64
 _ids = itertools.count()
 
 
@@ -50,40 +53,8 @@ def shm_available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
-@dataclass(frozen=True)
-class SlabSpec:
-    """Layout of the slabs of one loader: ``batch_size`` samples of ``shape``/``dtype``
-    (no output region when ``shape`` is None) after an input arena."""
-
-    batch_size: int
-    shape: tuple[int, ...] | None
-    dtype: np.dtype[Any]
-
-    @property
-    def sample_bytes(self) -> int:
-        return 0 if self.shape is None else int(np.prod(self.shape)) * self.dtype.itemsize
-
-
-def slab_spec_for(decode: object, collate: object, batch_size: int) -> SlabSpec | None:
-    """The slab layout for a loader, or None when slabs cannot be used (no ``/dev/shm``,
-    or no decoding: raw bytes need no worker).
-
-    Outputs go into the slab only when the decoder declares ``output_shape`` (and optionally
-    ``output_dtype``, default uint8) and the default collate is used; otherwise the slab
-    carries the input bytes alone and decoded samples come back pickled.
-    """
-    if decode is None or not shm_available():
-        return None
-    shape = getattr(decode, "output_shape", None)
-    if collate is not None or shape is None:
-        return SlabSpec(batch_size, None, np.dtype(np.uint8))
-    return SlabSpec(
-        batch_size, tuple(int(d) for d in shape), np.dtype(getattr(decode, "output_dtype", np.uint8))
-    )
-
-
 class Arena:
-    """Bump allocator over a slab's input region, shared by the reader threads."""
+    """Bump allocator over a region of a slab (thread-safe: the reader threads share it)."""
 
     def __init__(self, buf: memoryview) -> None:
         self.buf = buf
@@ -104,31 +75,29 @@ class Arena:
             self._used = 0
 
 
+class _Owner(np.ndarray):
+    """The slab's bytes as one array that every view handed out derives from. A subclass,
+    so NumPy does not collapse views' ``.base`` past it: it lives exactly as long as the
+    last view (``Slab.owner``)."""
+
+
 class Slab:
-    """One segment: a status table, ``arena`` (input bytes), then ``batch_size`` output rows.
+    """One segment laid out by ``layout``; ``input`` is its input arena and ``status`` its
+    status table (see :mod:`.protocol`)."""
 
-    The status table has one ``(pid, start)`` pair of float64 per row: the worker decoding
-    the row writes its pid and ``time.monotonic()`` before decoding and ``-pid`` after, so
-    the parent knows which sample a hung or dead worker was on.
-    """
-
-    def __init__(self, spec: SlabSpec, in_capacity: int, pooled: bool) -> None:
-        self.spec = spec
-        self.in_capacity = in_capacity
-        self.status_offset = 0
-        status_bytes = spec.batch_size * STATUS_ROW_BYTES
-        self.in_offset = status_bytes
-        self.out_offset = status_bytes + in_capacity
-        self.size = self.out_offset + spec.batch_size * spec.sample_bytes
+    def __init__(self, layout: SlabLayout, pooled: bool) -> None:
+        self.layout = layout
         self.pooled = pooled
         #: Set when something may still write into the slab after its batch is abandoned (a
         #: read that timed out, a worker still decoding): such a slab is never reused.
         self.tainted = False
         self.name = f"{PREFIX}{os.getpid()}-{next(_ids)}-{secrets.token_hex(4)}"
         self.path = os.path.join(SHM_DIR, self.name)
-        self._mmap = _create_segment(self.path, self.size)
-        self.arena = Arena(memoryview(self._mmap)[self.in_offset : self.out_offset])
-        self.status = np.frombuffer(self._mmap, dtype=np.float64, count=2 * spec.batch_size).reshape(-1, 2)
+        self._mmap = _create_segment(self.path, layout.size)
+        view = memoryview(self._mmap)
+        self.input = Arena(view[layout.input : layout.input + layout.input_size])
+        self._out = Arena(view[layout.out : layout.out + layout.out_size])
+        self.status = StatusTable(self._mmap, layout.rows)
         self.unlinked = False
 
     @property
@@ -137,17 +106,22 @@ class Slab:
         return self._mmap
 
     def reset(self) -> None:
-        """Ready for a new batch: empty arena, clear status."""
-        self.arena.reset()
-        self.status[:] = 0.0
+        """Ready for a new batch: empty arenas, clear status."""
+        self.input.reset()
+        self._out.reset()
+        self.status.clear()
 
-    def output(self, rows: int) -> np.ndarray[Any, Any]:
-        """A new array over the first ``rows`` output rows (zero-copy)."""
-        spec = self.spec
-        assert spec.shape is not None
-        count = rows * spec.sample_bytes // spec.dtype.itemsize
-        flat = np.frombuffer(self._mmap, dtype=spec.dtype, count=count, offset=self.out_offset)
-        return flat.reshape(rows, *spec.shape)
+    def out_share(self, size: int) -> tuple[int, int] | None:
+        """``(offset, size)`` of ``size`` bytes of the output area for one chunk, or None."""
+        off = self._out.alloc(size) if size > 0 else None
+        return None if off is None else (self.layout.out + off, size)
+
+    def owner(self, release: Any) -> np.ndarray[Any, Any]:
+        """A new array over the whole segment; ``release(self)`` runs once it and every view
+        derived from it are garbage (from whichever thread drops the last one)."""
+        owner = np.frombuffer(self._mmap, dtype=np.uint8).view(_Owner)
+        weakref.finalize(owner, release, self)
+        return owner
 
     def unlink(self) -> None:
         """Remove the name (the memory lives on while something maps it)."""
@@ -193,17 +167,21 @@ def _untrack(path: str) -> None:
 
 
 class SlabPool:
-    """Hands out slabs; thread-safe; never blocks.
+    """Hands out slabs for batches of ``rows`` samples; thread-safe; never blocks.
 
     ``pooled`` slabs are kept for reuse: enough for every batch the pipeline itself can hold
     (under construction, queued, in the bridge and the hand-off). Past that, while the
-    trainer holds batches, one-shot slabs are made and unlinked when released.
+    trainer holds batches, one-shot slabs are made and unlinked when released. A free slab
+    that no longer fits what :meth:`want` asks (a new sample layout, bigger files) is
+    unlinked and replaced.
     """
 
-    def __init__(self, spec: SlabSpec, pooled: int, in_capacity: int) -> None:
-        self.spec = spec
+    def __init__(self, rows: int, pooled: int, sample: SampleLayout | None = None) -> None:
+        self.rows = rows
         self.pooled = pooled
-        self._in_capacity = in_capacity
+        self._sample = sample
+        self._in_size = 0
+        self._out_size = 0
         self._lock = threading.Lock()
         self._free: list[Slab] = []
         self._all: dict[str, Slab] = {}
@@ -217,10 +195,18 @@ class SlabPool:
         with self._lock:
             return len(self._all)
 
-    def want_input_capacity(self, in_capacity: int) -> None:
-        """Future slabs get an input arena of ``in_capacity`` bytes (file sizes seen so far)."""
+    def want(self, sample: SampleLayout | None, in_size: int, out_size: int) -> None:
+        """Future slabs get rows blocks for ``sample``, an input arena of ``in_size`` bytes
+        and an output area of ``out_size`` bytes."""
         with self._lock:
-            self._in_capacity = in_capacity
+            self._sample, self._in_size, self._out_size = sample, in_size, out_size
+
+    def _fits(self, layout: SlabLayout) -> bool:
+        return (
+            layout.sample == self._sample
+            and layout.input_size >= self._in_size
+            and layout.out_size >= self._out_size
+        )
 
     def acquire(self) -> Slab:
         with self._lock:
@@ -228,16 +214,16 @@ class SlabPool:
                 raise LoaderError("the slab pool is closed")
             while self._free:
                 slab = self._free.pop()
-                if slab.in_capacity >= self._in_capacity:
+                if self._fits(slab.layout):
                     slab.reset()
                     return slab
-                self._forget(slab)  # arena too small for the files seen: make a bigger one
+                self._forget(slab)
             pooled = self._pooled_count < self.pooled
             if pooled:
                 self._pooled_count += 1
-            capacity = self._in_capacity
+            layout = plan_slab(self.rows, self._sample, self._in_size, self._out_size)
         try:
-            slab = Slab(self.spec, capacity, pooled)
+            slab = Slab(layout, pooled)
         except BaseException:
             if pooled:
                 with self._lock:
@@ -251,9 +237,10 @@ class SlabPool:
         return slab
 
     def release(self, slab: Slab) -> None:
-        """Give ``slab`` back (from any thread, e.g. a finalizer)."""
+        """Give ``slab`` back (from any thread, e.g. a finalizer); a second release of the
+        same slab while it is free is ignored."""
         with self._lock:
-            if slab.name not in self._all:
+            if slab.name not in self._all or slab in self._free:
                 return
             if slab.pooled and not slab.tainted and not self._closed:
                 self._free.append(slab)

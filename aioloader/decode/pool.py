@@ -1,4 +1,4 @@
-"""Stage 3's processes: the decode worker pool, its start and its bounded shutdown.
+"""The decode worker processes: start, crash recovery and bounded shutdown.
 
 Workers come from a ``forkserver`` context (``spawn`` where there is none): plain ``fork``
 after the loader's threads exist can copy a held lock into the child and hang it. The fork
@@ -17,14 +17,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from types import ModuleType
 from typing import Any
 
-from . import _worker
-from .errors import WorkerCrashedError
+from ..errors import WorkerCrashedError
+from . import worker as _worker
+from .protocol import Chunk, RowResult
 
-__all__ = ["DecodePool", "mp_context"]
+__all__ = ["Breakage", "DecodePool", "describe_deaths", "mp_context"]
 
 _context: BaseContext | None = None
 
@@ -35,7 +38,7 @@ def mp_context() -> BaseContext:
     if _context is None:
         if sys.platform != "win32" and "forkserver" in mp.get_all_start_methods():
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["aioloader._worker", "aioloader.decode", *main_imports()])
+            ctx.set_forkserver_preload(["aioloader.decode.worker", "aioloader.decode.image", *main_imports()])
             _context = ctx
         else:
             _context = mp.get_context("spawn")
@@ -60,13 +63,23 @@ def main_imports() -> list[str]:
     return sorted(names)
 
 
+@dataclass(frozen=True)
+class Breakage:
+    """What broke the pool once: ``dead``, ``{pid: exit code}`` of the workers that died
+    (killed for a timeout included), and ``timed_out``, every pid the loader killed for
+    ``sample_timeout``."""
+
+    dead: dict[int, int]
+    timed_out: frozenset[int]
+
+
 class DecodePool:
     """``num_workers`` persistent processes running ``decode``, rebuilt after a crash.
 
     A worker that dies (signal, ``os._exit``) breaks the whole ``ProcessPoolExecutor``: every
     task in flight fails with ``BrokenProcessPool``. :meth:`recover` then rebuilds the pool,
-    once per breakage however many tasks report it (``generation`` tells them apart), and
-    remembers which pids died of what (``culprits``), so each task can tell whether the
+    once per breakage however many tasks report it (the generation :meth:`submit` returned
+    tells them apart), and returns the :class:`Breakage`, so each task can tell whether the
     sample it was decoding killed its worker. A breakage caused by :meth:`kill_for_timeout`
     is not a crash; past ``max_restarts`` crashes, :class:`WorkerCrashedError` is final.
 
@@ -79,18 +92,15 @@ class DecodePool:
         self,
         decode: Callable[[bytes], Any],
         num_workers: int,
-        shape: tuple[int, ...] | None = None,
-        dtype: str | None = None,
         max_restarts: int = 3,
     ) -> None:
         self.num_workers = num_workers
         self.max_restarts = max_restarts
-        self._initargs = (decode, shape, dtype)
-        self.generation = 0
+        self._initargs = (decode,)
+        self._generation = 0
         self.restarts = 0
-        #: ``{pid: exitcode}`` of the workers whose death broke the pool last time.
-        self.culprits: dict[int, int] = {}
-        self.timed_out: set[int] = set()
+        self._breakages: dict[int, Breakage] = {}  # by the generation they ended
+        self._timed_out: set[int] = set()
         self._killed_in: set[int] = set()  # generations broken by a timeout kill of ours
         self._failure: WorkerCrashedError | None = None
         self._lock: asyncio.Lock | None = None
@@ -147,20 +157,19 @@ class DecodePool:
         assert self._executor is not None, "DecodePool.started() was not awaited"
         return self._executor
 
-    def submit(
-        self,
-        slab: str | None,
-        layout: tuple[int, int, int],
-        items: list[tuple[int, int, _worker.Source]],
-        seed: int,
-        epoch: int,
-    ) -> Future[list[_worker.Result]]:
-        """Decode a chunk of samples in one task (see :func:`aioloader._worker.run_chunk`)."""
+    def submit(self, chunk: Chunk) -> tuple[Future[list[RowResult]], int]:
+        """Decode ``chunk`` in one task (see :func:`.worker.run_chunk`); returns the future
+        and the pool's generation, for :meth:`recover`."""
         if self._failure is not None:
             raise self._failure
         if self._executor is None:
             raise WorkerCrashedError("the decode worker processes could not be started")
-        return self._executor.submit(_worker.run_chunk, slab, layout, items, seed, epoch)
+        try:
+            fut = self._executor.submit(_worker.run_chunk, chunk)
+        except BrokenProcessPool as exc:  # broken before this task: the caller recovers it
+            fut = Future()
+            fut.set_exception(exc)
+        return fut, self._generation
 
     def pids(self) -> list[int]:
         if self._executor is None:
@@ -170,23 +179,24 @@ class DecodePool:
     def kill_for_timeout(self, pid: int) -> None:
         """SIGKILL a worker stuck on one sample; the pool breaks and is rebuilt."""
         if pid in self.pids():
-            self.timed_out.add(pid)
-            self._killed_in.add(self.generation)
+            self._timed_out.add(pid)
+            self._killed_in.add(self._generation)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
-    async def recover(self, generation: int, paths: list[str]) -> None:
-        """Rebuild the pool after the breakage seen by a task submitted at ``generation``;
-        raises :class:`WorkerCrashedError` once crashes exceed ``max_restarts``."""
+    async def recover(self, generation: int, paths: list[str]) -> Breakage:
+        """Rebuild the pool after the breakage seen by a task submitted at ``generation``
+        and say what broke it; raises :class:`WorkerCrashedError` once crashes exceed
+        ``max_restarts``."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._failure is not None:
                 raise self._failure
-            if generation != self.generation:
-                return  # another task already rebuilt it
+            if generation != self._generation:
+                return self._breakages[generation]  # another task already rebuilt it
             old = self.executor
             procs = _processes(old)
             # The executor terminates the survivors itself and its manager thread joins them.
@@ -200,8 +210,9 @@ class DecodePool:
             while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             codes = {p.pid: p.exitcode for p in procs if p.pid is not None and p.exitcode is not None}
-            self.culprits = {pid: c for pid, c in codes.items() if c not in (0, -signal.SIGTERM)}
-            crashed = {pid: c for pid, c in self.culprits.items() if pid not in self.timed_out}
+            dead = {pid: c for pid, c in codes.items() if c not in (0, -signal.SIGTERM)}
+            crashed = {pid: c for pid, c in dead.items() if pid not in self._timed_out}
+            breakage = self._breakages[generation] = Breakage(dead, frozenset(self._timed_out))
             # A breakage we caused (a worker killed for sample_timeout) is not a crash, even
             # when a busy machine has not reported that worker's exit code yet.
             ours = generation in self._killed_in
@@ -216,7 +227,8 @@ class DecodePool:
                     )
                     raise self._failure
             self._executor = self._start()
-            self.generation += 1
+            self._generation += 1
+            return breakage
 
     def close(self, grace: float = 2.0) -> None:
         """Stop every worker within about ``2 * grace`` seconds, whatever they are doing."""

@@ -1,0 +1,115 @@
+"""What crosses between the loader and a decode worker: one task, typed results, the status
+table.
+
+A :class:`Chunk` is one task: several samples of one batch, each ``(row, dataset index,
+source)``, where the source is ``(offset, length)`` in the slab's input arena (or the bytes
+themselves), plus where outputs may go. A worker answers with one result per sample:
+
+- :class:`Written`: the sample's arrays are in its row of the slab's rows blocks; the plain
+  leaves (numbers, strings, ...) come back with it, in leaf order;
+- :class:`InArea`: the sample's arrays are in the chunk's share of the slab's output area;
+  the tree comes back with :class:`ArrayRef` in place of each array;
+- :class:`Pickled`: the sample itself, pickled (no slab room, or no array in it);
+- :class:`Failed`: the exception (a copy that unpickles) and the worker's traceback.
+
+The status table has one ``(pid, start)`` float64 pair per row at the start of the slab: the
+process decoding the row writes its pid and ``time.monotonic()`` first and ``-pid`` when
+done, so the loader knows which sample a hung or dead worker was on.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..tree import TreeDef
+from .layout import ArraySpec, SlabLayout
+
+__all__ = [
+    "ArrayRef",
+    "Chunk",
+    "Failed",
+    "InArea",
+    "Pickled",
+    "RowResult",
+    "Source",
+    "StatusTable",
+    "Written",
+]
+
+#: Where a sample's file bytes are: ``(offset, length)`` in the input arena, or the bytes.
+Source = tuple[int, int] | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One decode task. ``slab`` is the segment's path (None: no slab, results pickled);
+    ``out`` is ``(offset, size)`` of this chunk's share of the output area, if any."""
+
+    slab: str | None
+    layout: SlabLayout | None
+    items: list[tuple[int, int, Source]]
+    seed: int
+    epoch: int
+    out: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    plain: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayRef:
+    offset: int
+    spec: ArraySpec
+
+
+@dataclass(frozen=True, slots=True)
+class InArea:
+    treedef: TreeDef
+    leaves: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Pickled:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error: BaseException
+    traceback: str
+
+
+RowResult = Written | InArea | Pickled | Failed
+
+
+class StatusTable:
+    """The ``(pid, start)`` pairs of a slab's rows, over any mapping of the slab."""
+
+    def __init__(self, buf: mmap.mmap, rows: int) -> None:
+        self.array = np.frombuffer(buf, dtype=np.float64, count=2 * rows).reshape(rows, 2)
+
+    def start(self, row: int) -> None:
+        self.array[row] = (float(os.getpid()), time.monotonic())
+
+    def done(self, row: int) -> None:
+        self.array[row, 0] = -float(os.getpid())
+
+    def busy(self, row: int) -> tuple[int, float]:
+        """``(pid, since)`` of the process decoding ``row`` now; pid 0 when none is."""
+        pid, since = self.array[row]
+        return (int(pid), float(since)) if pid > 0 else (0, 0.0)
+
+    def last(self, row: int) -> int:
+        """The pid that started ``row`` last (decoding or done); 0 if none did."""
+        return abs(int(self.array[row, 0]))
+
+    def clear(self) -> None:
+        self.array[:] = 0.0

@@ -1,0 +1,181 @@
+"""The decode stage the engine awaits: one chunk of a batch in, one outcome per sample out.
+
+:meth:`DecodeStage.run` takes a chunk's samples (already read into the batch's slab) and
+returns, for each, a :data:`~.protocol.RowResult` or the :class:`~aioloader.SampleError`
+that ends it. On the way it
+
+- waits for a decode slot, granted in epoch order (:mod:`.slots`);
+- during hot start (the built-in ``ImageDecoder`` only, while the workers boot) decodes on
+  a thread of this process instead;
+- with ``sample_timeout``, kills the worker of a row decoding for longer than that (the
+  slab's status table says which worker and since when);
+- after a worker death, asks the pool what broke it and resubmits what is left exactly
+  once per death: a row whose worker was killed for a timeout fails with
+  :class:`LoaderTimeoutError`, a row that was on a crashing worker twice is a poison sample
+  (:class:`DecodeError` naming pid and signal), every other row is decoded again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from ..errors import DecodeError, LoaderTimeoutError, SampleError
+from .pool import DecodePool, describe_deaths
+from .protocol import Chunk, Failed, RowResult, Source
+from .slabs import Slab
+from .slots import OrderedSlots
+from .worker import decode_chunk
+
+__all__ = ["DecodeStage", "Outcome"]
+
+#: What became of one sample: its result, or the error that ends it.
+Outcome = RowResult | SampleError
+
+
+class DecodeStage:
+    """Decodes chunks on ``pool``; ``path_of(index)`` names a sample's file in errors.
+
+    ``hot``: the decoder is trusted code (the built-in ``ImageDecoder``) that may run on
+    ``local`` (a thread of this process) until every worker has started. ``on_restart`` is
+    told the pool's restart count after each rebuild.
+    """
+
+    def __init__(
+        self,
+        decode: Callable[[bytes], Any],
+        pool: DecodePool,
+        *,
+        seed: int,
+        sample_timeout: float | None,
+        path_of: Callable[[int], str],
+        hot: bool,
+        local: Executor,
+        on_restart: Callable[[int], None],
+    ) -> None:
+        self._decode = decode
+        self._pool = pool
+        self._seed = seed
+        self._timeout = sample_timeout
+        self._path_of = path_of
+        # A thread cannot be killed: no hot start when a hung decode must be stopped.
+        self._hot = hot and sample_timeout is None
+        self._hot_lock: asyncio.Lock | None = None
+        self._local = local
+        self._on_restart = on_restart
+        # One running and one queued task per worker; granted in epoch order once the pool
+        # has started (created lazily: it binds to the loader's loop).
+        self._slots: OrderedSlots | None = None
+        self._opener: asyncio.Future[None] | None = None
+
+    async def run(
+        self,
+        epoch: int,
+        k: int,
+        slab: Slab | None,
+        items: list[tuple[int, int, Source]],
+        out: tuple[int, int] | None = None,
+    ) -> list[Outcome]:
+        """Decode ``items`` (``(row, dataset index, source)``) of batch ``k``; ``out`` is the
+        chunk's share of the slab's output area. Raises only for the whole loader
+        (:class:`~aioloader.WorkerCrashedError`) or on cancellation."""
+        chunk = Chunk(
+            slab.path if slab else None, slab.layout if slab else None, items, self._seed, epoch, out
+        )
+        outcomes: dict[int, Outcome] = {}
+        crashes: dict[int, int] = {}
+        results = await self._here(chunk, slab)
+        while results is None and chunk.items:
+            slots = self._open_slots()
+            async with slots.slot((k, chunk.items[0][0])):
+                fut, generation = self._pool.submit(chunk)
+                try:
+                    results = await self._watch(fut, slab, chunk)
+                    break
+                except BrokenProcessPool:
+                    pass
+            paths = [self._path_of(i) for _, i, _ in chunk.items]
+            broke = await self._pool.recover(generation, paths)
+            self._on_restart(self._pool.restarts)
+            left = []
+            for item in chunk.items:
+                row, index = item[0], item[1]
+                pid = slab.status.busy(row)[0] if slab is not None else 0
+                path = self._path_of(index)
+                if pid and pid in broke.timed_out:
+                    outcomes[row] = LoaderTimeoutError(
+                        f"decode took longer than sample_timeout={self._timeout}s", path=path, index=index
+                    )
+                elif pid and pid in broke.dead:
+                    crashes[row] = crashes.get(row, 0) + 1
+                    if crashes[row] < 2:
+                        left.append(item)
+                        continue
+                    why = describe_deaths({pid: broke.dead[pid]})
+                    outcomes[row] = DecodeError(f"decode worker {why}, twice", path=path, index=index)
+                else:
+                    left.append(item)
+            chunk = dataclasses.replace(chunk, items=left)
+        for (row, index, _), res in zip(chunk.items, results or [], strict=True):
+            outcomes[row] = self._failure(res, index) if isinstance(res, Failed) else res
+        return [outcomes[row] for row, _, _ in items]
+
+    def _failure(self, res: Failed, index: int) -> DecodeError:
+        cause = res.error
+        err = DecodeError(
+            f"decode failed: {type(cause).__name__}: {cause}\n--- worker traceback ---\n{res.traceback}",
+            path=self._path_of(index),
+            index=index,
+        )
+        err.worker_traceback = res.traceback
+        err.__cause__ = cause
+        return err
+
+    def _open_slots(self) -> OrderedSlots:
+        if self._slots is None:
+            slots = self._slots = OrderedSlots(2 * self._pool.num_workers, opened=False)
+            self._opener = asyncio.ensure_future(self._open_when_started(slots))
+        return self._slots
+
+    async def _open_when_started(self, slots: OrderedSlots) -> None:
+        try:
+            await self._pool.started()
+        finally:  # a pool that failed to start raises at submit, in order
+            slots.open()
+
+    async def _here(self, chunk: Chunk, slab: Slab | None) -> list[RowResult] | None:
+        """Hot start: until every worker process is up (the fork server takes a while to
+        boot), decode one chunk at a time on a thread of this process, so the first batch
+        does not wait for the workers. None: use the workers."""
+        if not self._hot or self._pool.warm.is_set():
+            return None
+        if self._hot_lock is None:
+            self._hot_lock = asyncio.Lock()
+        async with self._hot_lock:  # one chunk at a time, first come (in batch order) first served
+            if self._pool.warm.is_set():
+                return None
+            loop = asyncio.get_running_loop()
+            m = slab.mmap if slab is not None else None
+            return await loop.run_in_executor(self._local, decode_chunk, m, chunk, self._decode)
+
+    async def _watch(self, fut: Future[list[RowResult]], slab: Slab | None, chunk: Chunk) -> list[RowResult]:
+        """Await a decode task; with ``sample_timeout``, kill the worker of a row that has
+        been decoding longer than that (the status table says who and since when)."""
+        waiting = asyncio.wrap_future(fut)
+        timeout = self._timeout
+        if timeout is None or slab is None:
+            return await waiting
+        while True:
+            done, _ = await asyncio.wait([waiting], timeout=min(0.2, timeout / 4))
+            if done:
+                return waiting.result()
+            now = time.monotonic()
+            for row, _, _ in chunk.items:
+                pid, since = slab.status.busy(row)
+                if pid and now - since > timeout:
+                    self._pool.kill_for_timeout(pid)

@@ -1,0 +1,196 @@
+"""Code that runs inside the decode worker processes (and, for the built-in
+``ImageDecoder`` while the workers start, on a thread of the loader's own process).
+
+The pool initialiser installs the user's ``decode`` once per process, so a task ships only
+offsets and a few integers. :func:`run_chunk` decodes a :class:`~.protocol.Chunk` (one
+round trip amortised over several samples): it reads each sample's bytes from the slab's
+input arena and writes the decoded arrays into the slab, in the sample's row when the
+sample has the slab's rows layout, else into the chunk's share of the output area (see
+:mod:`.layout` and :mod:`.protocol`). It never raises: each sample's failure comes back as
+data with the worker's traceback, and an exception that cannot be pickled is replaced by
+one that can. Imports NumPy only; torch only if the decoder itself did.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .layout import ALIGN, ArraySpec, SlabLayout, describe
+from .protocol import ArrayRef, Chunk, Failed, InArea, Pickled, RowResult, StatusTable, Written
+
+__all__ = ["decode_chunk", "run_chunk", "sample_rng", "warm_up", "worker_init"]
+
+_decode: Callable[[bytes], Any] | None = None
+# Per thread: ``context``, the (seed, epoch, index) of the sample being decoded, and ``rng``,
+# its generator. Thread-local because the loader's own process also decodes on a thread
+# while its workers start (hot start), beside the trainer's own sample_rng() calls.
+_local = threading.local()
+# Slabs this worker has mapped, most recent last. Bounded: a one-shot slab the parent has
+# unlinked is freed only once every process unmaps it.
+_maps: OrderedDict[str, mmap.mmap] = OrderedDict()
+_MAX_MAPS = 24
+
+
+def sample_rng() -> np.random.Generator:
+    """A NumPy generator for random augmentation of the sample being decoded.
+
+    Seeded from ``(seed, epoch, dataset index)`` only, so a sample gets the same
+    augmentation in an epoch whatever worker decodes it, in whatever order. Call it inside a
+    ``decode`` function; outside one it returns a fresh, OS-seeded generator.
+    """
+    context = getattr(_local, "context", None)
+    if context is None:
+        return np.random.default_rng()
+    rng: np.random.Generator | None = getattr(_local, "rng", None)
+    if rng is None:
+        rng = _local.rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(context))))
+    return rng
+
+
+def worker_init(decode: Callable[[bytes], Any]) -> None:
+    """Pool initialiser: install ``decode``; leave Ctrl-C to the parent."""
+    global _decode
+    # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group,
+    # and workers that died of it would print tracebacks and break the pool mid-close.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _decode = decode
+
+
+def warm_up() -> int:
+    """A no-op task that makes the pool start a process; returns its pid."""
+    return os.getpid()
+
+
+def _attach(path: str) -> mmap.mmap:
+    m = _maps.get(path)
+    if m is not None:
+        _maps.move_to_end(path)
+        return m
+    fd = os.open(path, os.O_RDWR)
+    try:
+        m = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+    _maps[path] = m
+    while len(_maps) > _MAX_MAPS:
+        _, old = _maps.popitem(last=False)
+        try:
+            old.close()
+        except BufferError:  # still viewed somewhere: garbage collection unmaps it
+            pass
+    return m
+
+
+def run_chunk(chunk: Chunk) -> list[RowResult]:
+    """Decode ``chunk`` with the installed ``decode`` (the task a worker runs)."""
+    m = _attach(chunk.slab) if chunk.slab is not None else None
+    return decode_chunk(m, chunk, _decode)
+
+
+def decode_chunk(m: mmap.mmap | None, chunk: Chunk, decode: Callable[[bytes], Any] | None) -> list[RowResult]:
+    """Decode ``chunk`` over the slab mapped at ``m`` (None: no slab) with ``decode``."""
+    layout = chunk.layout if m is not None else None
+    status = StatusTable(m, layout.rows) if m is not None and layout is not None else None
+    out = _Output(m, layout, chunk.out) if m is not None and layout is not None else None
+    results: list[RowResult] = []
+    for row, index, src in chunk.items:
+        if status is not None:
+            status.start(row)
+        if isinstance(src, tuple):
+            assert m is not None and layout is not None
+            data = m[layout.input + src[0] : layout.input + src[0] + src[1]]
+        else:
+            data = src
+        results.append(_decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index))
+        if status is not None:
+            status.done(row)
+    del status
+    return results
+
+
+class _Output:
+    """Writes one sample's arrays into the slab: its row of the rows blocks when it has the
+    slab's sample layout, else the chunk's share of the output area, else nowhere."""
+
+    def __init__(self, m: mmap.mmap, layout: SlabLayout, area: tuple[int, int] | None) -> None:
+        self.m = m
+        self.layout = layout
+        self.at, self.end = (area[0], area[0] + area[1]) if area is not None else (0, 0)
+
+    def put(self, row: int, value: Any) -> RowResult:
+        treedef, leaves, specs = describe(value)
+        arrays = [(leaf, spec) for leaf, spec in zip(leaves, specs, strict=True) if spec is not None]
+        if not arrays:
+            return Pickled(value)
+        sample = self.layout.sample
+        if sample is not None and sample.treedef == treedef and sample.leaves == specs:
+            for (leaf, spec), block in zip(arrays, self.layout.blocks, strict=True):
+                self._write(block + row * spec.nbytes, leaf, spec)
+            return Written(tuple(leaf for leaf, spec in zip(leaves, specs, strict=True) if spec is None))
+        need = sum(-(-spec.nbytes // ALIGN) * ALIGN for _, spec in arrays)
+        if self.at + need > self.end:
+            return Pickled(value)  # no room: the pipe carries it
+        refs: list[Any] = []
+        for leaf, maybe in zip(leaves, specs, strict=True):
+            if maybe is None:
+                refs.append(leaf)
+                continue
+            refs.append(ArrayRef(self.at, maybe))
+            self._write(self.at, leaf, maybe)
+            self.at += -(-maybe.nbytes // ALIGN) * ALIGN
+        return InArea(treedef, tuple(refs))
+
+    def _write(self, offset: int, leaf: Any, spec: ArraySpec) -> None:
+        if spec.nbytes == 0:
+            return
+        dest = np.frombuffer(self.m, dtype=np.uint8, count=spec.nbytes, offset=offset)
+        if spec.torch:
+            torch = sys.modules["torch"]
+            flat = leaf.detach().contiguous().reshape(-1)
+            target = torch.from_numpy(dest).view(flat.dtype)
+            target.copy_(flat)
+            del target
+        else:
+            np.copyto(dest.view(leaf.dtype).reshape(leaf.shape), leaf, casting="no")
+        del dest
+
+
+def _decode_one(
+    decode: Callable[[bytes], Any] | None,
+    data: bytes,
+    out: _Output | None,
+    row: int,
+    seed: int,
+    epoch: int,
+    index: int,
+) -> RowResult:
+    _local.context, _local.rng = (seed, epoch, index), None
+    try:
+        assert decode is not None, "worker_init did not run"
+        value = decode(data)
+        return out.put(row, value) if out is not None else Pickled(value)
+    except Exception as exc:  # noqa: BLE001 - every failure goes back as data
+        text = traceback.format_exc()
+        try:
+            # Both ways: the parent must rebuild it too. The copy is what goes back, also
+            # from the loader's own thread (hot start): it carries no traceback whose
+            # frames would keep this chunk's slab mapped.
+            sent: BaseException = pickle.loads(pickle.dumps(exc))
+        except Exception:  # noqa: BLE001 - an exception that cannot cross the pipe
+            sent = RuntimeError(f"{type(exc).__qualname__}: {exc}")
+        del exc
+        return Failed(sent, text)
+    finally:
+        _local.context, _local.rng = None, None
