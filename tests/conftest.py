@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from frontends import FRONTENDS, Driver, make_driver
 from helpers import shm_segments, write_numbered_files
 
 from aioloader.synthetic import make_image_folder
@@ -137,3 +138,14 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small ImageFolder of real JPEGs: 3 classes, 30 images of 96x72."""
     root = tmp_path_factory.mktemp("images")
     return make_image_folder(root, num_images=30, num_classes=3, size=(96, 72))
+
+
+@pytest.fixture(params=FRONTENDS)
+def frontend(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    """The test once through ``for``/``with`` ("sync") and once through ``async for``/``async
+    with`` on an event loop that lives for the test ("async"); see frontends.py."""
+    drive = make_driver(request.param)
+    try:
+        yield drive
+    finally:
+        drive.finish()
