@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from faults import Fault, FlakyRead, SlowRead
-from helpers import flatten, shm_segments
+from helpers import flatten, script_env, shm_segments
 
 import aioloader
 from aioloader import (
@@ -298,6 +298,7 @@ def _run_script(tmp_path: Path, text: str, **fmt: object) -> subprocess.Popen[st
     script.write_text(textwrap.dedent(text.format(tests=os.path.dirname(__file__), **fmt)))
     return subprocess.Popen(
         [sys.executable, str(script)],
+        env=script_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
