@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import FixedShape, decode_head, decode_number, shm_segments, write_sized_files
+from helpers import FixedShape, decode_head, decode_number, shm_mapping, shm_segments, write_sized_files
 
 import aioloader
 from aioloader import FileDataset, Loader, LoaderError
@@ -29,46 +29,49 @@ def segments() -> set[str]:
 def test_slab_batches_are_views_of_shared_memory(numbered: list[str]) -> None:
     with Loader(numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2) as loader:
         batches = list(loader)
-        runtime = loader._runtime
-        assert runtime is not None and runtime.slabs is not None
-        assert runtime.slabs.created >= 1
-        assert len(segments()) >= 1
+        live = segments()
+        assert len(live) >= 1
+        # Each batch's memory is one of this process's segments in /dev/shm: no copy.
+        assert all(shm_mapping(b) in live for b in batches)
     values = [int(v) for b in batches for v in b[:, 0, 0]]
     assert values == list(range(37))
     assert batches[0].shape == (5, 2, 3) and batches[0].dtype == torch.uint8
     # The segments are unlinked at close even though these tensors still map them, and the
     # tensors stay valid.
     assert segments() == set()
+    assert all(shm_mapping(b) in live for b in batches)
     assert int(batches[3][0, 1, 2]) == 15
 
 
 def test_held_batches_never_change_and_the_pool_recycles(numbered: list[str]) -> None:
     paths = numbered * 4  # 148 samples, 30 batches: far more than the pooled slabs
     with Loader(paths, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2, prefetch=1) as loader:
-        runtime = loader._runtime
-        assert runtime is not None and runtime.slabs is not None
         held = list(loader)  # every batch kept: the pool must not reuse their slabs
-        assert runtime.slabs.live >= len(held)
+        held_in = {shm_mapping(b) for b in held}
+        assert None not in held_in and len(held_in) == len(held)  # a segment each
+        assert held_in <= segments()
         snapshot = [b.clone() for b in held]
         list(loader)  # another epoch while the first one is still held
         assert all(torch.equal(a, b) for a, b in zip(held, snapshot, strict=True))
         del held, snapshot
         gc.collect()
-        assert runtime.slabs.live <= runtime.slabs.pooled  # one-shot slabs went away
-        created = runtime.slabs.created
-        for _ in loader:  # batches dropped as we go: slabs are recycled, none made
-            pass
-        assert runtime.slabs.created == created
+        pooled = segments()
+        assert len(pooled) < len(held_in)  # one-shot slabs went away, the bounded pool stays
+        seen: set[str | None] = set()
+        for b in loader:  # batches dropped as we go: slabs are recycled, none made
+            seen.add(shm_mapping(b))
+            seen |= segments()
+        assert seen <= pooled
+        assert segments() <= pooled
 
 
 def test_zero_copy_off_returns_owned_batches(numbered: list[str]) -> None:
     with Loader(
         numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=1, zero_copy=False
     ) as loader:
-        held = [b for _ in range(3) for b in loader]
-        runtime = loader._runtime
-        assert runtime is not None and runtime.slabs is not None
-        assert runtime.slabs.live <= runtime.slabs.pooled
+        held = [b for _ in range(5) for b in loader]
+        assert all(shm_mapping(b) is None for b in held)  # copies, in memory of their own
+        assert len(segments()) < len(held)  # so holding them pins no slab: the pool stays bounded
     assert [int(v) for b in held[:8] for v in b[:, 0, 0]] == list(range(37))
 
 
