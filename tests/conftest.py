@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import shm_segments, write_numbered_files
+from frontends import FRONTENDS, Driver, make_driver
+from helpers import descendants, shm_segments, write_numbered_files
 
-from aioloader.synthetic import make_image_folder
 from aioloader.decode.pool import mp_context
+from aioloader.synthetic import make_image_folder
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,40 +38,6 @@ def _process_wide_helpers() -> None:
     except ImportError:
         return
     uvloop.new_event_loop().close()
-
-
-def _shared_helper_pids() -> set[int]:
-    pids = set()
-    fs = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    rt = getattr(resource_tracker._resource_tracker, "_pid", None)
-    for pid in (fs, rt):
-        if pid:
-            pids.add(pid)
-    return pids
-
-
-def _descendants() -> set[int]:
-    """Live (non-zombie) descendants of this process, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    out: set[int] = set()
-    todo = [os.getpid()]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out - _shared_helper_pids()
 
 
 def _fds() -> set[str]:
@@ -99,7 +66,7 @@ def _threads() -> set[str]:
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves a thread, a child process, a file descriptor or a
     shared-memory segment behind."""
-    before = (_threads(), _descendants(), _fds(), _segments())
+    before = (_threads(), descendants(), _fds(), _segments())
     yield
     if request.node.get_closest_marker("allow_leaks"):
         return
@@ -107,7 +74,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     while True:
         gc.collect()
         threads = _threads() - before[0]
-        procs = _descendants() - before[1]
+        procs = descendants() - before[1]
         fds = {fd for fd in _fds() - before[2] if "/dev/pts" not in fd}
         segments = _segments() - before[3]
         if not (threads or procs or fds or segments) or time.monotonic() > deadline:
@@ -137,3 +104,14 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small ImageFolder of real JPEGs: 3 classes, 30 images of 96x72."""
     root = tmp_path_factory.mktemp("images")
     return make_image_folder(root, num_images=30, num_classes=3, size=(96, 72))
+
+
+@pytest.fixture(params=FRONTENDS)
+def frontend(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    """The test once through ``for``/``with`` ("sync") and once through ``async for``/``async
+    with`` on an event loop that lives for the test ("async"); see frontends.py."""
+    drive = make_driver(request.param)
+    try:
+        yield drive
+    finally:
+        drive.finish()

@@ -10,6 +10,19 @@ from typing import Any
 import numpy as np
 
 
+def script_env() -> dict[str, str]:
+    """The environment for a Python subprocess a test starts: ``PYTHONPATH`` leads with the
+    checkout whose aioloader this process imported, then tests/ (helpers, faults). Without
+    it a script run from a temporary folder imports whichever aioloader an editable install
+    points at, which from a git worktree or a clone is another checkout's."""
+    import aioloader
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(aioloader.__file__)))
+    tests = os.path.dirname(os.path.abspath(__file__))
+    parts = [root, tests, os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in parts if p)}
+
+
 def write_numbered_files(folder: Path, n: int) -> list[str]:
     """``n`` small real files whose content is their number, ``sample-000123``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -161,3 +174,75 @@ class FailingImage:
         if int(decode_number(data)[0]) in self.bad:
             boom(ValueError, "bad sample")
         return number_image(data)
+
+
+# -- observing a loader from outside: its processes and shared memory ----------------------
+# (tests check what a loader started through /proc and /dev/shm, never its internals)
+
+
+def _shared_helper_pids() -> set[int]:
+    """multiprocessing's process-wide helpers: the fork server (the workers' parent) and the
+    resource tracker. They outlive every loader by design."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = set()
+    fs = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    rt = getattr(resource_tracker._resource_tracker, "_pid", None)
+    for pid in (fs, rt):
+        if pid:
+            pids.add(pid)
+    return pids
+
+
+def _proc_stat(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state, ppid, ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def descendants() -> set[int]:
+    """Live (non-zombie) descendants of this process, from the ppid chains in /proc, less
+    the fork server and the resource tracker. A loader's workers are among them however they
+    were started: children of the fork server (so grandchildren of this process) or, with
+    ``spawn``, children."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _proc_stat(entry)
+        if fields is None or fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    out: set[int] = set()
+    todo = [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out - _shared_helper_pids()
+
+
+def is_gone(pid: int) -> bool:
+    """``pid`` has exited (no such process, or a zombie waiting to be reaped)."""
+    fields = _proc_stat(pid)
+    return fields is None or fields[0] in ("Z", "X")
+
+
+def shm_mapping(tensor: object) -> str | None:
+    """The name of this process's aioloader segment in /dev/shm that ``tensor``'s memory
+    lies in (from /proc/self/maps; also once the segment is unlinked, while still mapped),
+    or None for memory of its own (a copy)."""
+    ptr = tensor.untyped_storage().data_ptr()  # type: ignore[attr-defined]
+    prefix = f"/dev/shm/aioloader-{os.getpid()}-"
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6 or not parts[5].startswith(prefix):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            if start <= ptr < end:
+                return os.path.basename(parts[5].rstrip("\n").removesuffix(" (deleted)"))
+    return None

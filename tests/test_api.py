@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import script_env
 
 import aioloader
 from aioloader import (
@@ -80,7 +81,9 @@ def test_importing_the_package_does_not_import_torch() -> None:
         "from aioloader import LoaderError, SampleError, DecodeError\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=script_env(), capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
 
 

@@ -204,6 +204,8 @@ def test_cuda_staging_buffers_are_reused(numbered: list[str]) -> None:
         paths, shuffle=False, batch_size=4, decode=decode_number, num_workers=2, device="cuda"
     ) as loader:
         n = sum(1 for _ in loader)
+        # Internal on purpose: the pinned staging blocks are not observable from outside
+        # (torch's caching host allocator pools them with everything else pinned).
         runtime = loader._runtime
         assert runtime is not None
         assert n == 100
@@ -219,6 +221,7 @@ def test_cuda_bridge_thread_uses_the_loader_device(numbered: list[str]) -> None:
     ) as loader:
         batch = next(iter(loader))
         assert batch.device == torch.device("cuda", last)
+        # Internal on purpose: a thread's current CUDA device cannot be read from another thread.
         assert loader._runtime is not None and loader._runtime.copier.thread_device == last
         for other in range(torch.cuda.device_count()):
             if other != last:  # no stray context or allocation on another GPU

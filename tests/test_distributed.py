@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import script_env
 
 HERE = os.path.dirname(__file__)
 
@@ -19,7 +20,7 @@ def torchrun(tmp_path: Path, phase: str, paths_file: Path) -> None:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         os.path.join(HERE, "ddp_script.py"), str(paths_file), str(tmp_path), phase,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
+    env = script_env()
     env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]

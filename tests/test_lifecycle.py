@@ -14,7 +14,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from helpers import decode_number, flatten
+from helpers import decode_number, descendants, flatten, is_gone, script_env
 
 from aioloader import Loader
 from aioloader.loader import State
@@ -25,6 +25,7 @@ def _aioloader_threads() -> set[str]:
 
 
 def test_start_starts_everything_and_close_joins_it(numbered: list[str]) -> None:
+    before = descendants()
     loader = Loader(
         numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=2, io_concurrency=3
     )
@@ -32,28 +33,23 @@ def test_start_starts_everything_and_close_joins_it(numbered: list[str]) -> None
     with loader:
         assert loader.state is State.STARTED
         assert {"aioloader-loop", "aioloader-transfer"} <= _aioloader_threads()
-        runtime = loader._runtime
-        assert runtime is not None and runtime.pool is not None
         next(iter(loader))
-        pids = runtime.pool.pids()
+        pids = descendants() - before  # the workers (the fork server's children)
         assert len(pids) == 2
         assert any(t.startswith("aioloader-io") for t in _aioloader_threads())
     assert loader.state is State.CLOSED
     assert not _aioloader_threads()
-    for pid in pids:
-        assert (
-            not Path(f"/proc/{pid}").exists()
-            or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
-        )
+    assert all(is_gone(pid) for pid in pids)
 
 
 def test_workers_persist_across_epochs(numbered: list[str]) -> None:
+    before = descendants()
     with Loader(numbered, shuffle=False, batch_size=8, decode=decode_number, num_workers=2) as loader:
         list(loader)
-        assert loader._runtime is not None and loader._runtime.pool is not None
-        first = sorted(loader._runtime.pool.pids())
+        first = descendants() - before
+        assert len(first) == 2
         list(loader)
-        assert sorted(loader._runtime.pool.pids()) == first
+        assert descendants() - before == first
 
 
 def test_garbage_collection_without_close_stops_everything(numbered: list[str]) -> None:
@@ -137,6 +133,7 @@ def test_interpreter_exit_with_an_open_loader(numbered: list[str], tmp_path: Pat
     script.write_text(textwrap.dedent(SCRIPT.format(tests=os.path.dirname(__file__), paths=numbered)))
     proc = subprocess.Popen(
         [sys.executable, str(script)],
+        env=script_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

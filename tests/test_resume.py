@@ -1,6 +1,6 @@
 """Resumption and rank sharding as pure logic: state dicts, their checks, re-sharding plans
-(no event loop, no processes). The loader-level cases are in test_resume_sync.py and
-test_resume_async.py."""
+(no event loop, no processes). The loader-level cases, through both front-ends, are in
+test_resume_frontends.py."""
 
 from __future__ import annotations
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import FixedShape, decode_head, decode_number, shm_segments, write_sized_files
+from helpers import FixedShape, decode_head, decode_number, shm_mapping, shm_segments, write_sized_files
 
 import aioloader
 from aioloader import FileDataset, Loader, LoaderError
-from aioloader.slabs import SlabPool, SlabSpec, shm_available
+from aioloader.decode.layout import SampleLayout
+from aioloader.decode.slabs import SlabPool, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
 
@@ -29,46 +30,49 @@ def segments() -> set[str]:
 def test_slab_batches_are_views_of_shared_memory(numbered: list[str]) -> None:
     with Loader(numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2) as loader:
         batches = list(loader)
-        runtime = loader._runtime
-        assert runtime is not None and runtime.slabs is not None
-        assert runtime.slabs.created >= 1
-        assert len(segments()) >= 1
+        live = segments()
+        assert len(live) >= 1
+        # Each batch's memory is one of this process's segments in /dev/shm: no copy.
+        assert all(shm_mapping(b) in live for b in batches)
     values = [int(v) for b in batches for v in b[:, 0, 0]]
     assert values == list(range(37))
     assert batches[0].shape == (5, 2, 3) and batches[0].dtype == torch.uint8
     # The segments are unlinked at close even though these tensors still map them, and the
     # tensors stay valid.
     assert segments() == set()
+    assert all(shm_mapping(b) in live for b in batches)
     assert int(batches[3][0, 1, 2]) == 15
 
 
 def test_held_batches_never_change_and_the_pool_recycles(numbered: list[str]) -> None:
     paths = numbered * 4  # 148 samples, 30 batches: far more than the pooled slabs
     with Loader(paths, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2, prefetch=1) as loader:
-        runtime = loader._runtime
-        assert runtime is not None and runtime.slabs is not None
         held = list(loader)  # every batch kept: the pool must not reuse their slabs
-        assert runtime.slabs.live >= len(held)
+        held_in = {shm_mapping(b) for b in held}
+        assert None not in held_in and len(held_in) == len(held)  # a segment each
+        assert held_in <= segments()
         snapshot = [b.clone() for b in held]
         list(loader)  # another epoch while the first one is still held
         assert all(torch.equal(a, b) for a, b in zip(held, snapshot, strict=True))
         del held, snapshot
         gc.collect()
-        assert runtime.slabs.live <= runtime.slabs.pooled  # one-shot slabs went away
-        created = runtime.slabs.created
-        for _ in loader:  # batches dropped as we go: slabs are recycled, none made
-            pass
-        assert runtime.slabs.created == created
+        pooled = segments()
+        assert len(pooled) < len(held_in)  # one-shot slabs went away, the bounded pool stays
+        seen: set[str | None] = set()
+        for b in loader:  # batches dropped as we go: slabs are recycled, none made
+            seen.add(shm_mapping(b))
+            seen |= segments()
+        assert seen <= pooled
+        assert segments() <= pooled
 
 
 def test_zero_copy_off_returns_owned_batches(numbered: list[str]) -> None:
     with Loader(
         numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=1, zero_copy=False
     ) as loader:
-        held = [b for _ in range(3) for b in loader]
-        runtime = loader._runtime
-        assert runtime is not None and runtime.slabs is not None
-        assert runtime.slabs.live <= runtime.slabs.pooled
+        held = [b for _ in range(5) for b in loader]
+        assert all(shm_mapping(b) is None for b in held)  # copies, in memory of their own
+        assert len(segments()) < len(held)  # so holding them pins no slab: the pool stays bounded
     assert [int(v) for b in held[:8] for v in b[:, 0, 0]] == list(range(37))
 
 
@@ -141,19 +145,25 @@ def test_segments_are_gone_after_errors_and_gc(numbered: list[str], tmp_path: Pa
 
 
 def test_pool_unit_bounded_reuse() -> None:
-    pool = SlabPool(SlabSpec(4, (3,), np.dtype(np.uint8)), pooled=2, in_capacity=1024)
+    pool = SlabPool(4, pooled=2, sample=SampleLayout.declared((3,)))
     try:
+        pool.want(SampleLayout.declared((3,)), in_size=1024, out_size=0)
         a, b, c = pool.acquire(), pool.acquire(), pool.acquire()
         assert (a.pooled, b.pooled, c.pooled) == (True, True, False)
         assert pool.live == 3
         pool.release(c)  # one-shot: unlinked at once
         assert pool.live == 2 and not os.path.exists(c.path)
         pool.release(a)
+        pool.release(a)  # a second release of a free slab changes nothing
         assert pool.acquire() is a  # pooled: reused
-        pool.want_input_capacity(4096)
+        pool.want(SampleLayout.declared((3,)), in_size=4096, out_size=0)
         pool.release(b)
         d = pool.acquire()  # b's arena is too small now: replaced
-        assert d is not b and d.in_capacity == 4096 and not os.path.exists(b.path)
+        assert d is not b and d.layout.input_size == 4096 and not os.path.exists(b.path)
+        pool.want(SampleLayout.declared((5,)), in_size=4096, out_size=100)
+        pool.release(d)
+        e = pool.acquire()  # a new sample layout: rows blocks of another size
+        assert e is not d and e.layout.sample == SampleLayout.declared((5,)) and e.layout.out_size == 100
         assert decode_number(b"sample-000001")[0] == 1
     finally:
         pool.close()

@@ -1,0 +1,148 @@
+"""Mid-epoch resume and rank sharding on real files and workers, through both front-ends
+(the ``frontend`` fixture: ``[sync]`` is ``for``/``with``, ``[async]`` is ``async
+for``/``async with``). The pure state-dict logic is in test_resume.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from frontends import Driver
+from helpers import FailOn, decode_number, flatten
+
+from aioloader import Loader
+
+Batches = list[list[int]]
+
+
+def batches(frontend: Driver, loader: Loader, epoch: int, limit: int | None = None) -> Batches:
+    """Batches of ``epoch`` as lists of sample numbers; stop after ``limit`` batches
+    (mid-epoch: whatever is prefetched then is not consumed)."""
+    loader.set_epoch(epoch)
+    got = frontend.epoch(loader) if limit is None else frontend.take(loader, limit)
+    return [flatten([b]) for b in got]
+
+
+def make(paths: list[str], **kw: Any) -> Loader:
+    args: dict[str, Any] = {"batch_size": 4, "decode": decode_number, "num_workers": 1, "prefetch": 1}
+    args.update(kw)
+    return Loader(paths, **args)
+
+
+@pytest.mark.parametrize(
+    ("stop_at", "shuffle", "drop_last"),
+    [
+        (0, True, False),  # before the first batch
+        (4, True, True),  # in the middle
+        (4, False, False),
+        (8, False, True),  # at the last batch (drop_last: 9 batches)
+        (9, True, False),  # at the last batch (10 batches)
+        ("end", True, False),  # after the last batch: across the epoch boundary
+    ],
+)
+def test_resume_equals_an_uninterrupted_run(
+    frontend: Driver, numbered: list[str], stop_at: int | str, shuffle: bool, drop_last: bool
+) -> None:
+    kw = {"shuffle": shuffle, "drop_last": drop_last}
+    with frontend.opened(make(numbered, **kw)) as loader:
+        reference = [batches(frontend, loader, 0), batches(frontend, loader, 1)]
+    with frontend.opened(make(numbered, **kw, num_workers=1, prefetch=3)) as first:
+        limit = None if stop_at == "end" else int(stop_at)
+        before = batches(frontend, first, 0, limit)
+        state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint file would
+    with frontend.opened(make(numbered, **kw, num_workers=3, prefetch=1, io_concurrency=2)) as second:
+        second.load_state_dict(state)
+        after = [batches(frontend, second, 0), batches(frontend, second, 1)]
+    assert before + after[0] == reference[0]
+    assert after[1] == reference[1]
+    if stop_at == "end":
+        assert after[0] == []
+
+
+def test_resume_without_set_epoch_continues_the_states_epoch(frontend: Driver, numbered: list[str]) -> None:
+    with frontend.opened(make(numbered)) as loader:
+        reference = flatten(frontend.epoch(loader))
+    with frontend.opened(make(numbered)) as first:
+        it = frontend.iter(first)
+        head = [flatten([frontend.next(it)]) for _ in range(3)]
+        state = first.state_dict()
+    with frontend.opened(make(numbered, num_workers=2)) as second:
+        second.load_state_dict(state)
+        assert len(second) == 10  # batches per epoch; the resumed epoch delivers the rest
+        rest = flatten(frontend.epoch(second))
+    assert [i for b in head for i in b] + rest == reference
+
+
+def test_resume_after_unordered_delivery_loses_and_repeats_nothing(
+    frontend: Driver, numbered: list[str]
+) -> None:
+    with frontend.opened(make(numbered, ordered=False, num_workers=2, prefetch=3)) as first:
+        before = batches(frontend, first, 0, 5)
+        state = first.state_dict()
+    with frontend.opened(make(numbered, num_workers=2)) as second:
+        second.load_state_dict(state)
+        after = batches(frontend, second, 0)
+    got = sorted(i for b in before + after for i in b)
+    assert got == list(range(37))
+
+
+def test_state_carries_failure_counters(frontend: Driver, numbered: list[str]) -> None:
+    with frontend.opened(make(numbered, shuffle=False, decode=FailOn({2, 30}), on_error="skip")) as first:
+        batches(frontend, first, 0, 2)
+        state = first.state_dict()
+    assert state["stats"]["failures_by_reason"] == {"DecodeError": 1}
+    with frontend.opened(make(numbered, shuffle=False, decode=FailOn({2, 30}), on_error="skip")) as second:
+        second.load_state_dict(state)
+        rest = batches(frontend, second, 0)
+        stats = second.stats
+    assert stats.failures_by_reason == {"DecodeError": 2}
+    assert stats.samples == 7 + sum(len(b) for b in rest) == 35
+
+
+def test_a_different_dataset_or_world_size_is_refused(frontend: Driver, numbered: list[str]) -> None:
+    with frontend.opened(make(numbered)) as first:
+        batches(frontend, first, 0, 2)
+        state = first.state_dict()
+    with frontend.opened(make(numbered[:-1])) as other, pytest.raises(ValueError, match="dataset_len=37"):
+        other.load_state_dict(state)
+    with (
+        frontend.opened(make(numbered, rank=0, world_size=2)) as other,
+        pytest.raises(ValueError, match="allow_reshard"),
+    ):
+        other.load_state_dict(state)
+
+
+def test_reshard_two_ranks_to_three(frontend: Driver, numbered: list[str]) -> None:
+    """Two ranks stop after 2 batches each; three ranks finish the epoch: every sample is
+    delivered, nothing received before is repeated, every new rank has as many batches."""
+    seen: list[int] = []
+    states = []
+    for r in range(2):
+        with frontend.opened(make(numbered, rank=r, world_size=2)) as old:
+            seen += [i for b in batches(frontend, old, 0, 2) for i in b]
+            states.append(old.state_dict())
+    rest: list[Batches] = []
+    for r in range(3):
+        with frontend.opened(make(numbered, rank=r, world_size=3)) as new:
+            new.load_state_dict(states[0], allow_reshard=True)
+            rest.append(batches(frontend, new, 0))
+    later = [i for rank in rest for b in rank for i in b]
+    assert set(seen) | set(later) == set(range(37))
+    assert not set(seen) & set(later)
+    assert len({len(rank) for rank in rest}) == 1
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_ranks_see_disjoint_shards_with_equal_batch_counts(
+    frontend: Driver, numbered: list[str], world_size: int
+) -> None:
+    shards = []
+    for r in range(world_size):
+        with frontend.opened(make(numbered, rank=r, world_size=world_size, pad_shards=False)) as loader:
+            got = batches(frontend, loader, 1)
+            assert len(got) == len(loader)
+            shards.append(got)
+    flat = [i for s in shards for b in s for i in b]
+    assert len(flat) == len(set(flat)) == (37 // world_size) * world_size
+    assert len({len(s) for s in shards}) == 1
