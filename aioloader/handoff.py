@@ -2,8 +2,8 @@
 consumer that is either a thread (``get``) or a coroutine on any event loop (``aget``).
 
 Why not ``run_coroutine_threadsafe`` per batch: it costs a round trip through the engine's
-loop (~250 us) on the trainer's critical path. Here a ready batch is a deque pop under a
-lock (~a few us); an async consumer is woken with one ``call_soon_threadsafe``, so the
+loop on the trainer's critical path (``benchmarks/handoff.py`` measures both). Here a ready
+batch is a deque pop under a lock; an async consumer is woken with one ``call_soon_threadsafe``, so the
 caller's event loop is never blocked.
 """
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from .bridge import Run
 from .config import LoaderConfig, OnError
 from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from .dataset import FileDataset, StrPath
@@ -76,10 +75,13 @@ class Loader:
             failures (int) or this fraction of the samples seen (float).
         read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
             file (another store, or injected delays and faults); must be thread-safe.
-        zero_copy: with a decoder of fixed output shape (``ImageDecoder``) and the default
-            collate, workers decode straight into shared-memory batch slabs and the batch
-            tensor *is* the slab, recycled once the last reference to the batch is dropped.
-            False copies each batch out into ordinary memory (the slab is reused at once).
+        zero_copy: decoded arrays and tensors (alone or nested in dicts, tuples, lists) are
+            written by the workers into shared-memory batch slabs; once the loader has learned
+            the samples' layout (from the first batch, or a declared ``output_shape``), each
+            batch tensor *is* its slab, and samples of varying shapes reach a custom
+            ``collate`` as views of it. A slab is reused once the last tensor or view of it is
+            garbage. False copies each batch (or each sample, for a custom collate) out into
+            ordinary memory, so the slab is reused at once.
         read_retries: tries again, with backoff, after a transient read error (EIO, EAGAIN,
             ETIMEDOUT, too many open files, ...); counted in ``stats.read_retries``.
         sample_timeout: seconds a read, or a decode, may take; past it the sample fails with
@@ -171,7 +173,6 @@ class Loader:
         self._counters = Counters()
         self._epoch = 0
         self._epoch_set = True  # the first iteration uses epoch 0 unless set_epoch says otherwise
-        self._run: Run | None = None
         self._resume: ResumePoint | None = None  # from load_state_dict, until its epoch starts
         self._progress: Progress | None = None  # of the current (or last) iteration
 
@@ -280,7 +281,6 @@ class Loader:
         self._progress = Progress(self._epoch, len(plan), point)
         self._counters.begin_epoch(self._epoch)
         run = runtime.start_run(plan)
-        self._run = run
         return Cursor(runtime, run, self._progress, self._counters, lambda: self._state is State.CLOSED)
 
     # -- resumption -------------------------------------------------------------------------

@@ -7,8 +7,8 @@ aiofiles runs blocking file calls on an executor. Two things make that scale:
   ``min(32, cpus + 4)`` threads, which silently caps "thousands of reads in flight" at a
   handful; on network storage each read mostly waits, so threads are what buys latency
   hiding.
-- one executor hop per file. ``aiofiles.open`` + ``read`` + ``close`` is three hops of
-  ~0.1 ms each; wrapping the whole open/read/close (aiofiles' own ``wrap``) is one.
+- one executor hop per file. ``aiofiles.open`` + ``read`` + ``close`` is three hops;
+  wrapping the whole open/read/close (aiofiles' own ``wrap``) is one.
 """
 
 from __future__ import annotations

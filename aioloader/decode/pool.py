@@ -51,7 +51,7 @@ def main_imports() -> list[str]:
 
     Every worker re-imports the main module (that is how functions defined there unpickle).
     With what it imports already loaded in the fork server, that re-import costs nothing;
-    otherwise each worker pays, e.g., ~1.3 s for ``import torch``. (Python 3.11's own
+    otherwise each worker pays for, e.g., ``import torch`` (see benchmarks/RESULTS.md). (Python 3.11's own
     ``"__main__"`` preload never receives the main path, so it cannot do this.)
     """
     main = sys.modules.get("__main__")
