@@ -191,3 +191,8 @@ def tree_cpu() -> float:
         total += stats.get(pid, (0, 0.0))[1]
         todo.extend(children.get(pid, ()))
     return total
+
+
+def trivial_decode(data: bytes) -> np.ndarray:
+    """Next to no work: the file's first 16 bytes as a uint8 array."""
+    return np.frombuffer(data, dtype=np.uint8, count=16).copy()
