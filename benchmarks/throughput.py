@@ -458,6 +458,8 @@ def main() -> int:
             else ""
         )
         print(f"- `{w.name}`: {w.describe}{limit}")
+    if args.small_files:
+        print("- target (issue): >= 20,000 files/s through aioloader")
     print(f"- 1-min load average at start {load_start}, at end {load_end}")
     print(
         f"- each run: construct the loader, {args.epochs} epochs, close (start-up included; aioloader's "
