@@ -103,7 +103,7 @@ def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, fl
     from aioloader import FileDataset, ImageDecoder, Loader
 
     sys.path.insert(0, str(HERE))
-    from throughput import JpegDataset, TimedRead
+    from userfns import PeerDataset
 
     files = FileDataset.from_folder(folder)
     decode = ImageDecoder(224)
@@ -113,7 +113,7 @@ def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, fl
     samples = 0
     if loader_name == "DataLoader":
         dl = DataLoader(
-            JpegDataset(files, decode, TimedRead(0)),
+            PeerDataset(files, decode, takes_rng=False),
             batch_size=batch,
             shuffle=True,
             num_workers=workers,

@@ -2,23 +2,43 @@
 the same decode work and the same number of processes, measured in the same run. Asserts
 nothing about time.
 
-Workload: a generated ImageFolder of JPEGs (default 2,000 at 500x375, about 100 KB each),
-decoded by ``ImageDecoder(224)`` (centre crop, 224x224 uint8 CHW), batch 64, shuffled.
+Workload: a generated ImageFolder of JPEGs (default 2,000 at 500x375, about 85 KB each),
+decoded to 224x224 uint8 CHW, batch 64, shuffled, in the ways users write a decode
+(``--decode``, several allowed, default ``function,declared,image``):
 
-(i)   the machine's decode limit: the single-core rate of ``ImageDecoder(224)`` in this
-      process on bytes already in memory, times the usable cores;
-(ii)  ``DataLoader`` over a Dataset that reads the file and decodes it with the same
-      ``ImageDecoder``; ``num_workers=N``, ``persistent_workers=True``;
-(iii) ``aioloader.Loader`` with ``num_workers=N``.
+- ``function``: a plain module-level function (``userfns.random_crop``: Pillow decode, a
+  RandomResizedCrop-like box resized to 224, flip), nothing declared;
+- ``declared``: the same function in a picklable class declaring ``output_shape`` and
+  ``output_dtype``;
+- ``image``: ``ImageDecoder(224, crop="random", hflip=True)``;
+- ``tensor``: the function returning a ``torch.Tensor``;
+- ``dict``: the function returning ``{"image": array, "meta": {"h": int, "w": int}}``.
 
-Each loader runs one warm-up epoch (workers started, page cache warm), then ``--rounds``
-interleaved rounds (DataLoader, aioloader, DataLoader, aioloader, ...) of one full epoch
-each; the tables show medians over the rounds. ``--read-delay-ms L`` delays every file read
-by L ms for both (network storage; aioloader through its ``read=`` hook, on its I/O
-threads). ``--train-ms T`` adds rounds with a simulated train step (``time.sleep``) per
-batch and compares the total with ``steps x max(T_load, T)``.
+For each, in the same run: (i) the decode limit: the single-core rate of that decode in this
+process on bytes in memory, times the usable cores, measured at the start; (ii)
+``DataLoader`` over a Dataset that reads the file and calls the same decode (a per-worker
+NumPy generator for the functions' randomness, ``aioloader.sample_rng()`` in aioloader);
+``num_workers=N``, ``persistent_workers=True``; (iii) ``aioloader.Loader`` with
+``num_workers=N``.
+
+A measurement constructs the loader and runs two epochs: start-up is included. The clock
+starts before the loader is constructed, so the first batch's time includes starting the
+workers (aioloader: its fork server too, stopped after each run so every run starts cold,
+as a fresh training process does). ``--rounds`` interleaved rounds (per decode: DataLoader,
+aioloader; then the next decode; then the next round); the table shows medians. CPU: the
+whole process tree's user+sys CPU per image (``/proc``: this process, its live descendants,
+and those already reaped), and the trainer's process alone per batch
+(``time.process_time()``).
+
+``--small-files`` measures files/s instead: ``--files`` files of 4 KB, page cache warm,
+``decode=None`` (aioloader delivers the bytes, no processes; DataLoader's workers read them).
+``--read-delay-ms L`` delays every read by L ms for both (aioloader through its ``read=``
+hook). ``--train-ms T`` adds runs with a simulated train step (``time.sleep``) per batch and
+compares the total with ``steps x max(T_load, T)``.
 
     python benchmarks/throughput.py [--images 2000] [--rounds 3] [--workers N]
+                                    [--decode function,declared,image,tensor,dict|all]
+                                    [--small-files [--files 20000]]
                                     [--read-delay-ms 0] [--train-ms 0] [--image-size 500x375]
                                     [--draft on|off] [--peer-draft on|off]
 """
@@ -27,7 +47,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import importlib.metadata
+import multiprocessing.forkserver
 import os
 import platform
 import shlex
@@ -37,84 +59,136 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import PIL
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+from userfns import (
+    DeclaredCrop,
+    PeerDataset,
+    TimedRead,
+    batch_len,
+    make_small_files,
+    random_crop,
+    random_crop_dict,
+    random_crop_tensor,
+    read_file,
+    tree_cpu,
+)
 
 import aioloader
 from aioloader import FileDataset, ImageDecoder, Loader
 from aioloader.config import usable_cpus
 from aioloader.synthetic import make_image_folder
 
-
-class TimedRead:
-    """Read a whole file after sleeping ``delay_ms`` (0: no sleep). Stateless, so it is
-    thread-safe (aioloader's ``read=`` hook) and picklable (DataLoader workers)."""
-
-    def __init__(self, delay_ms: float) -> None:
-        self.delay_s = delay_ms / 1e3
-
-    def __call__(self, path: str) -> bytes:
-        if self.delay_s > 0:
-            time.sleep(self.delay_s)
-        with open(path, "rb", buffering=0) as f:
-            return f.readall()
+DECODES = ("function", "declared", "image", "tensor", "dict")
+DEFAULT_DECODES = ("function", "declared", "image")
 
 
-class JpegDataset(Dataset[tuple[np.ndarray, int]]):
-    """The DataLoader peer's Dataset: read + decode in the worker, ``(CHW uint8, label)``."""
+@dataclass
+class Workload:
+    """One row pair of the table: the files and the decode both loaders run."""
 
-    def __init__(self, files: FileDataset, decode: ImageDecoder, read: TimedRead) -> None:
-        self.files, self.decode, self.read = files, decode, read
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
-        path, label = self.files[index]
-        return self.decode(self.read(path)), int(label or 0)
+    name: str
+    files: FileDataset
+    decode: Callable[..., Any] | None  # aioloader's
+    peer_decode: Callable[..., Any] | None  # DataLoader's Dataset calls this
+    takes_rng: bool  # peer_decode(data, rng) with a per-worker NumPy generator
+    describe: str
+    rate: float = float("nan")  # single-core samples/s, start of the run
+    rate_end: float = float("nan")
 
 
 @dataclass(frozen=True)
 class Epoch:
-    """One measured epoch."""
+    """One consumed epoch."""
 
     seconds: float
     samples: int
     batches: int
     wait: float  # seconds the consumer spent in next()
-    first: float  # seconds from iter() to the first batch
-    cpu: float  # this process's CPU seconds (all its threads)
+    first: float  # seconds from ``origin`` (or iter()) to the first batch
+
+
+@dataclass
+class Run:
+    """One measurement: construct the loader, ``epochs`` epochs, close."""
+
+    seconds: float  # construction to the end of the last epoch
+    epochs: list[Epoch]
+    main_cpu: float  # this process's CPU seconds (all threads), same span
+    tree_cpu: float  # the process tree's CPU seconds, same span
+    threads: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> int:
+        return sum(e.samples for e in self.epochs)
+
+    @property
+    def batches(self) -> int:
+        return sum(e.batches for e in self.epochs)
 
 
 def run_epoch(batches: Iterable[Any], train_s: float, origin: float | None = None) -> Epoch:
     """Consume one epoch like a training loop; ``train_s`` sleeps per batch (the step).
-    ``first`` counts from ``origin`` when given (a cold start), else from ``iter()``."""
-    cpu0, start = time.process_time(), time.perf_counter()
+    ``first`` counts from ``origin`` when given (before construction), else from ``iter()``."""
+    start = time.perf_counter()
     wait, first, samples, count = 0.0, None, 0, 0
     before = start
-    for _images, labels in batches:  # the for loop's own next() is what we time
+    for batch in batches:  # the for loop's own next() is what we time
         got = time.perf_counter()
         wait += got - before
         first = got - (origin or start) if first is None else first
-        samples += len(labels)
+        samples += batch_len(batch)
         count += 1
         if train_s > 0:
             time.sleep(train_s)
         before = time.perf_counter()
-    seconds = time.perf_counter() - (origin or start)
-    return Epoch(seconds, samples, count, wait, first or 0.0, time.process_time() - cpu0)
+    return Epoch(time.perf_counter() - start, samples, count, wait, first or 0.0)
 
 
-def decode_rate(files: FileDataset, decode: ImageDecoder, seconds: float) -> float:
+def stop_fork_server() -> None:
+    """Stop multiprocessing's fork server (aioloader's workers come from it), so the next
+    aioloader run pays its start-up like a fresh process. A no-op where there is none."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    stop = getattr(server, "_stop", None)
+    if stop is not None:
+        stop()
+
+
+def measure(make: Callable[[], Any], epochs: int, train_s: float, set_epoch: bool) -> Run:
+    """Construct a loader with ``make`` and consume ``epochs`` epochs; the clock and CPU
+    counters start before construction. Returns with the loader closed."""
+    gc.collect()
+    tree0, cpu0, threads0 = tree_cpu(), time.process_time(), thread_cpu()
+    t0 = time.perf_counter()
+    loader = make()
+    try:
+        eps = []
+        for e in range(epochs):
+            if set_epoch:
+                loader.set_epoch(e)
+            eps.append(run_epoch(loader, train_s, origin=t0 if e == 0 else None))
+        seconds = time.perf_counter() - t0
+        main_cpu, tree = time.process_time() - cpu0, tree_cpu() - tree0
+        threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu().items()}
+    finally:
+        if isinstance(loader, Loader):
+            loader.close()
+            stop_fork_server()
+        del loader  # DataLoader: the persistent workers stop with its iterator
+        gc.collect()
+    return Run(seconds, eps, main_cpu, tree, threads)
+
+
+def decode_rate(files: FileDataset, decode: Callable[[bytes], Any], seconds: float) -> float:
     """Single-core samples/s of ``decode`` in this process, on bytes already in memory."""
-    data = [TimedRead(0)(files.path(i)) for i in range(min(len(files), 200))]
+    data = [read_file(files.path(i)) for i in range(min(len(files), 200))]
     for d in data[:10]:
         decode(d)
     n, start = 0, time.perf_counter()
@@ -193,6 +267,20 @@ def default_data_dir() -> Path:
     return root / "bench"
 
 
+def parse_decodes(values: list[str] | None, p: argparse.ArgumentParser) -> list[str]:
+    names: list[str] = []
+    for value in values or [",".join(DEFAULT_DECODES)]:
+        for name in value.split(","):
+            name = name.strip()
+            picked = DECODES if name == "all" else (name,)
+            for n in picked:
+                if n not in DECODES:
+                    p.error(f"--decode {n!r}: choose from {', '.join(DECODES)} or all")
+                if n not in names:
+                    names.append(n)
+    return names
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -201,10 +289,23 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--images", type=int, default=2000, help="JPEG files to generate (%(default)s)")
     p.add_argument("--classes", type=int, default=10, help="class folders (%(default)s)")
     p.add_argument("--image-size", default="500x375", help="WIDTHxHEIGHT of the JPEGs (%(default)s)")
+    p.add_argument(
+        "--decode",
+        action="append",
+        metavar="NAME[,NAME]",
+        help=f"decodes to compare: {', '.join(DECODES)}, all (default: {','.join(DEFAULT_DECODES)})",
+    )
+    p.add_argument(
+        "--small-files",
+        action="store_true",
+        help="measure files/s over --files 4 KB files with decode=None instead of JPEG decodes",
+    )
+    p.add_argument("--files", type=int, default=20000, help="files for --small-files (%(default)s)")
     p.add_argument("--workers", type=int, default=usable_cpus(), help="processes for both (%(default)s)")
     p.add_argument("--batch-size", type=int, default=64, help="(%(default)s)")
     p.add_argument("--io-concurrency", type=int, default=64, help="aioloader reads in flight (%(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved measured rounds (%(default)s)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per measurement (%(default)s)")
     p.add_argument("--read-delay-ms", type=float, default=0.0, help="delay every read by L ms (%(default)s)")
     p.add_argument("--train-ms", type=float, default=0.0, help="simulated train step per batch (%(default)s)")
     p.add_argument(
@@ -212,94 +313,132 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0, help="(%(default)s)")
     p.add_argument(
-        "--draft", choices=["on", "off"], default="on", help="aioloader's JPEG draft mode (%(default)s)"
+        "--draft", choices=["on", "off"], default="on", help="ImageDecoder's JPEG draft mode (%(default)s)"
     )
     p.add_argument(
         "--peer-draft",
         choices=["on", "off"],
         default=None,
-        help="DataLoader's JPEG draft mode (default: as --draft; off = a plain decode + resize)",
+        help="the DataLoader peer's ImageDecoder draft mode (default: as --draft)",
     )
     args = p.parse_args()
-    if min(args.images, args.classes, args.workers, args.batch_size, args.rounds) < 1:
-        p.error("--images, --classes, --workers, --batch-size and --rounds must be positive")
+    args.decode = parse_decodes(args.decode, p)
+    if (
+        min(args.images, args.classes, args.workers, args.batch_size, args.rounds, args.epochs, args.files)
+        < 1
+    ):
+        p.error(
+            "--images, --classes, --files, --workers, --batch-size, --rounds and --epochs must be positive"
+        )
     if args.read_delay_ms < 0 or args.train_ms < 0:
         p.error("--read-delay-ms and --train-ms must be >= 0")
     return args
 
 
-def main() -> int:
-    args = parse_args()
+def workloads(args: argparse.Namespace) -> tuple[list[Workload], str]:
+    """The workloads to measure and a line describing the data."""
+    t0 = time.perf_counter()
+    if args.small_files:
+        folder = args.data_dir / f"small_{args.files}x4k"
+        files = make_small_files(folder, args.files)
+        line = f"{len(files)} files of 4 KB in {folder}, page cache warm"
+        wl = Workload("small files", files, None, None, False, "decode=None (the file's bytes)")
+        print(f"# data: {line} (ready in {time.perf_counter() - t0:.1f} s)", flush=True)
+        return [wl], line
     width, height = (int(v) for v in args.image_size.lower().split("x"))
     folder = args.data_dir / f"{args.images}img_{args.classes}cls_{width}x{height}"
-    t0 = time.perf_counter()
     make_image_folder(folder, num_images=args.images, num_classes=args.classes, size=(width, height))
     files = FileDataset.from_folder(folder)
+    for p in files.paths:  # page cache warm for every run alike
+        read_file(p)
     mean_kb = sum(os.path.getsize(p) for p in files.paths) / len(files) / 1e3
-    print(
-        f"# data: {len(files)} JPEGs in {folder}, {mean_kb:.0f} KB mean (ready in {time.perf_counter() - t0:.1f} s)"
-    )
-    decode = ImageDecoder(224, draft=args.draft == "on")
-    peer_decode = ImageDecoder(224, draft=(args.peer_draft or args.draft) == "on")
+    line = f"{len(files)} JPEGs, {width}x{height}, {mean_kb:.0f} KB mean, in {folder}"
+    print(f"# data: {line} (ready in {time.perf_counter() - t0:.1f} s)", flush=True)
+    draft, peer_draft = args.draft == "on", (args.peer_draft or args.draft) == "on"
+    image = ImageDecoder(224, crop="random", hflip=True, draft=draft)
+    peer_image = ImageDecoder(224, crop="random", hflip=True, draft=peer_draft)
+    table = {
+        "function": (random_crop, random_crop, True, "plain function userfns.random_crop, nothing declared"),
+        "declared": (
+            DeclaredCrop(),
+            DeclaredCrop(),
+            True,
+            "the same in a class declaring output_shape/dtype",
+        ),
+        "image": (
+            image,
+            peer_image,
+            False,
+            f"ImageDecoder(224, crop='random', hflip=True), draft: aioloader {args.draft}, "
+            f"DataLoader {args.peer_draft or args.draft}",
+        ),
+        "tensor": (random_crop_tensor, random_crop_tensor, True, "the function returning a torch.Tensor"),
+        "dict": (
+            random_crop_dict,
+            random_crop_dict,
+            True,
+            'the function returning {"image": array, "meta": {"h": int, "w": int}}',
+        ),
+    }
+    return [Workload(n, files, *table[n]) for n in args.decode], line
+
+
+def main() -> int:
+    args = parse_args()
+    loads, data_line = workloads(args)
     read = TimedRead(args.read_delay_ms)
     train_s = args.train_ms / 1e3
+    cores = usable_cpus()
 
     load_start = loadavg()
-    rate = decode_rate(files, decode, args.decode_seconds)
-    limit = usable_cpus() * rate
-    print(
-        f"# single-core decode: {rate:.0f} samples/s; decode limit {usable_cpus()} x {rate:.0f} = {limit:.0f} samples/s"
-    )
+    for w in loads:
+        if w.decode is not None:
+            w.rate = decode_rate(w.files, w.decode, args.decode_seconds)
+            print(
+                f"# {w.name}: single-core decode {w.rate:.0f} samples/s, limit {cores} x {w.rate:.0f} "
+                f"= {cores * w.rate:.0f} samples/s",
+                flush=True,
+            )
 
-    # DataLoader first: its workers fork before any aioloader thread exists, and persist.
-    t0 = time.perf_counter()
-    dl = DataLoader(
-        JpegDataset(files, peer_decode, read),
-        batch_size=args.batch_size,
-        shuffle=True,
-        num_workers=args.workers,
-        persistent_workers=True,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-    cold = {"DataLoader": run_epoch(dl, 0.0, origin=t0)}
-    print(f"# warm-up epochs: DataLoader {cold['DataLoader'].seconds:.1f} s", end="", flush=True)
-    runs: dict[str, list[Epoch]] = {"DataLoader": [], "aioloader": []}
-    trained: dict[str, list[Epoch]] = {"DataLoader": [], "aioloader": []}
-    stats_wait: list[float] = []  # aioloader's own loader.stats figure, to cross-check ours
-    by_thread: dict[str, dict[str, float]] = {
-        "DataLoader": defaultdict(float),
-        "aioloader": defaultdict(float),
-    }
-    t0 = time.perf_counter()
-    loader = Loader(
-        files,
-        batch_size=args.batch_size,
-        decode=decode,
-        shuffle=True,
-        seed=args.seed,
-        num_workers=args.workers,
-        io_concurrency=args.io_concurrency,
-        read=read if args.read_delay_ms > 0 else None,  # the library's own reads otherwise
-    )
-    epochs = iter(range(1, 10**6))
-    with loader:
-        cold["aioloader"] = run_epoch(loader, 0.0, origin=t0)
-        print(f", aioloader {cold['aioloader'].seconds:.1f} s", flush=True)
-        for r in range(args.rounds):
+    def make_peer(w: Workload, r: int) -> Callable[[], DataLoader[Any]]:
+        return lambda: DataLoader(
+            PeerDataset(w.files, w.peer_decode, read, w.takes_rng, args.seed + r),
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.workers,
+            persistent_workers=True,
+            generator=torch.Generator().manual_seed(args.seed + r),
+        )
+
+    def make_aio(w: Workload, r: int) -> Callable[[], Loader]:
+        return lambda: Loader(
+            w.files,
+            batch_size=args.batch_size,
+            decode=w.decode,
+            shuffle=True,
+            seed=args.seed + r,
+            num_workers=args.workers,
+            io_concurrency=args.io_concurrency,
+            read=read if args.read_delay_ms > 0 else None,  # the library's own reads otherwise
+        )
+
+    runs: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    trained: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for r in range(args.rounds):
+        for w in loads:
+            # DataLoader first: its workers fork before any aioloader thread exists.
             for step_s, into in [(0.0, runs)] + ([(train_s, trained)] if train_s > 0 else []):
-                for name, it in (("DataLoader", dl), ("aioloader", loader)):
-                    if it is loader:
-                        loader.set_epoch(next(epochs))
-                    before = thread_cpu()
-                    into[name].append(e := run_epoch(it, step_s))
-                    if step_s == 0:
-                        for thread, cpu in thread_cpu().items():
-                            by_thread[name][thread] += cpu - before.get(thread, 0.0)
-                        if it is loader:
-                            stats_wait.append(loader.stats.epoch_wait_seconds / e.batches)
-            print(f"# round {r + 1}/{args.rounds} done", flush=True)
-    del dl  # stops its persistent workers
-    rate_end = decode_rate(files, decode, args.decode_seconds)
+                for name, make in (("DataLoader", make_peer(w, r)), ("aioloader", make_aio(w, r))):
+                    run = measure(make, args.epochs, step_s, set_epoch=name == "aioloader")
+                    into[w.name, name].append(run)
+                    print(
+                        f"# round {r + 1}/{args.rounds} {w.name} {name}{' trained' if step_s else ''}: "
+                        f"{run.seconds:.2f} s, first batch {run.epochs[0].first * 1e3:.0f} ms",
+                        flush=True,
+                    )
+    for w in loads:
+        if w.decode is not None:
+            w.rate_end = decode_rate(w.files, w.decode, args.decode_seconds)
     load_end = loadavg()
 
     print()
@@ -307,91 +446,111 @@ def main() -> int:
     print()
     print("\n".join(machine()))
     print(
-        f"- workload: {len(files)} JPEGs, {width}x{height}, {mean_kb:.0f} KB mean -> ImageDecoder(224) "
-        f"(draft: aioloader {args.draft}, DataLoader {args.peer_draft or args.draft}) "
-        f"uint8 [3,224,224]; batch {args.batch_size}; {args.workers} worker processes each; "
-        f"read delay {args.read_delay_ms:g} ms; aioloader io_concurrency {args.io_concurrency}"
+        f"- workload: {data_line}; batch {args.batch_size}, shuffled; {args.workers} worker processes "
+        f"each (DataLoader persistent_workers=True); read delay {args.read_delay_ms:g} ms; "
+        f"aioloader io_concurrency {args.io_concurrency}"
     )
-    print(
-        f"- decode limit: {usable_cpus()} usable cores x {rate:.0f} samples/s single-core = {limit:.0f} samples/s"
-    )
-    print(
-        f"- checks: single-core decode re-measured at the end: {rate_end:.0f} samples/s; "
-        f"1-min load average at start {load_start}, at end {load_end}"
-    )
-    print(f"- medians of {args.rounds} interleaved rounds of one full epoch each, after one warm-up epoch")
-    print()
-    print_throughput(runs, cold, limit)
-    print(
-        f"\naioloader's own loader.stats.epoch_wait_seconds: {med(stats_wait) * 1e3:.1f} ms/batch "
-        "(median; the table measures both loaders the same way, around the for loop's next())."
-    )
-    for name, per in by_thread.items():
-        batches = sum(e.batches for e in runs[name])
-        parts = ", ".join(
-            f"{k} {v / batches * 1e3:.1f}"
-            for k, v in sorted(per.items(), key=lambda kv: -kv[1])
-            if v / batches >= 5e-5
+    for w in loads:
+        limit = (
+            f"; decode limit {cores} usable cores x {w.rate:.0f} = {cores * w.rate:.0f} samples/s "
+            f"(re-measured at the end: {w.rate_end:.0f} single-core)"
+            if w.decode is not None
+            else ""
         )
-        print(f"{name} main-process CPU by thread, ms/batch (mean over rounds): {parts or 'n/a'}")
+        print(f"- `{w.name}`: {w.describe}{limit}")
+    if args.small_files:
+        print("- target (issue): >= 20,000 files/s through aioloader")
+    print(f"- 1-min load average at start {load_start}, at end {load_end}")
+    print(
+        f"- each run: construct the loader, {args.epochs} epochs, close (start-up included; aioloader's "
+        f"fork server stopped after each run); medians of {args.rounds} interleaved rounds"
+    )
+    print()
+    print_throughput(loads, runs, cores, unit="files" if args.small_files else "samples")
+    print()
+    print("aioloader main-process CPU by thread, ms/batch (median over rounds, start-up included):")
+    for w in loads:
+        per: dict[str, list[float]] = defaultdict(list)
+        for run in runs[w.name, "aioloader"]:
+            for thread, cpu in run.threads.items():
+                per[thread].append(cpu / run.batches)
+        parts = ", ".join(
+            f"{k} {med(v) * 1e3:.1f}"
+            for k, v in sorted(per.items(), key=lambda kv: -med(kv[1]))
+            if med(v) >= 5e-5
+        )
+        print(f"- {w.name}: {parts or 'n/a'}")
     if train_s > 0:
         print()
-        print_overlap(runs, trained, args.train_ms)
+        print_overlap(loads, runs, trained, args.train_ms)
     return 0
 
 
-def print_throughput(runs: dict[str, list[Epoch]], cold: dict[str, Epoch], limit: float) -> None:
-    rows: dict[str, list[float]] = {}
-    for name, eps in runs.items():
-        rows[name] = [
-            med(e.samples / e.seconds for e in eps),
-            med(e.samples / e.seconds for e in eps) / limit,
-            med(e.wait / e.batches for e in eps) * 1e3,
-            med(e.first for e in eps) * 1e3,
-            cold[name].first * 1e3,
-            med(e.cpu / e.batches for e in eps) * 1e3,
-        ]
+def print_throughput(
+    loads: list[Workload], runs: dict[tuple[str, str], list[Run]], cores: int, unit: str
+) -> None:
     print(
-        "| loader | samples/s | share of decode limit | trainer wait ms/batch | first batch ms "
-        "| first batch ms, cold start | main-process CPU ms/batch |"
+        f"| decode | loader | {unit}/s | vs DataLoader | share of decode limit | first batch ms, start-up "
+        f"included | first batch ms, epoch 2 | {unit}/s, epoch 2 | trainer wait ms/batch | machine CPU ms/"
+        + unit[:-1]
+        + " "
+        "| main-process CPU ms/batch |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    fmt = ["{:.0f}", "{:.0%}", "{:.1f}", "{:.0f}", "{:.0f}", "{:.1f}"]
-    for name, vals in rows.items():
-        print(f"| {name} | " + " | ".join(f.format(v) for f, v in zip(fmt, vals, strict=True)) + " |")
-    ratio = [a / b if b else float("nan") for a, b in zip(rows["aioloader"], rows["DataLoader"], strict=True)]
-    print("| **aioloader / DataLoader** | " + " | ".join(f"{v:.2f}x" for v in ratio) + " |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w in loads:
+        peer_rate = med(x.samples / x.seconds for x in runs[w.name, "DataLoader"])
+        for name in ("DataLoader", "aioloader"):
+            rs = runs[w.name, name]
+            rate = med(x.samples / x.seconds for x in rs)
+            share = f"{rate / (cores * w.rate):.0%}" if w.decode is not None else "n/a"
+            two = len(rs[0].epochs) > 1
+            second = med(x.epochs[1].first for x in rs) * 1e3 if two else float("nan")
+            steady = med(x.epochs[1].samples / x.epochs[1].seconds for x in rs) if two else float("nan")
+            print(
+                f"| {w.name} | {name} | {rate:.0f} | {rate / peer_rate:.2f}x | {share} "
+                f"| {med(x.epochs[0].first for x in rs) * 1e3:.0f} | {second:.0f} | {steady:.0f} "
+                f"| {med(sum(e.wait for e in x.epochs) / x.batches for x in rs) * 1e3:.1f} "
+                f"| {med(x.tree_cpu / x.samples for x in rs) * 1e3:.2f} "
+                f"| {med(x.main_cpu / x.batches for x in rs) * 1e3:.1f} |"
+            )
     print(
-        "\nfirst batch ms: from iter() to the first batch in a warm epoch; cold start: from "
-        "constructing the loader (workers not started) to its first batch. Ratios: above 1 is better "
-        "for samples/s and share, below 1 is better for the times and CPU."
+        f"\n{unit}/s: all epochs' {unit} over the time from constructing the loader to the end of the last "
+        "epoch; epoch 2: that epoch alone (warm). vs DataLoader: above 1 is better. Machine CPU: user+sys of the whole process tree "
+        "(trainer, fork server, workers; 10 ms ticks). Main-process CPU: the trainer's process, all its "
+        "threads. Both span start-up and every epoch."
     )
 
 
-def print_overlap(runs: dict[str, list[Epoch]], trained: dict[str, list[Epoch]], train_ms: float) -> None:
+def print_overlap(
+    loads: list[Workload],
+    runs: dict[tuple[str, str], list[Run]],
+    trained: dict[tuple[str, str], list[Run]],
+    train_ms: float,
+) -> None:
     """Total time with a simulated step of T ms vs ``steps x max(T_load, T)``; T_load per
     round is the same loader's per-batch time without a step, in the same round."""
     t = train_ms / 1e3
-    print(f"Overlap with a simulated train step of T = {train_ms:g} ms (time.sleep) per batch:")
+    print(
+        f"Overlap with a simulated train step of T = {train_ms:g} ms (time.sleep) per batch, start-up included:"
+    )
     print()
     print(
-        "| loader | steps | T_load ms/batch | total s | steps x max(T_load, T) s "
+        "| decode | loader | steps | T_load ms/batch | total s | steps x max(T_load, T) s "
         "| steps x (T_load + T) s | total / ideal | trainer wait ms/batch |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name in runs:
-        pairs = list(zip(runs[name], trained[name], strict=True))
-        steps = trained[name][0].batches
-        t_load = med(a.seconds / a.batches for a, _ in pairs)
-        total = med(b.seconds for _, b in pairs)
-        ideal = steps * max(t_load, t)
-        serial = steps * (t_load + t)
-        eff = med(b.seconds / (b.batches * max(a.seconds / a.batches, t)) for a, b in pairs)
-        wait = med(b.wait / b.batches for _, b in pairs) * 1e3
-        print(
-            f"| {name} | {steps} | {t_load * 1e3:.1f} | {total:.2f} | {ideal:.2f} | {serial:.2f} "
-            f"| {eff:.2f} | {wait:.1f} |"
-        )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for w in loads:
+        for name in ("DataLoader", "aioloader"):
+            pairs = list(zip(runs[w.name, name], trained[w.name, name], strict=True))
+            steps = pairs[0][1].batches
+            t_load = med(a.seconds / a.batches for a, _ in pairs)
+            total = med(b.seconds for _, b in pairs)
+            eff = med(b.seconds / (b.batches * max(a.seconds / a.batches, t)) for a, b in pairs)
+            wait = med(sum(e.wait for e in b.epochs) / b.batches for _, b in pairs) * 1e3
+            print(
+                f"| {w.name} | {name} | {steps} | {t_load * 1e3:.1f} | {total:.2f} | {steps * max(t_load, t):.2f} "
+                f"| {steps * (t_load + t):.2f} | {eff:.2f} | {wait:.1f} |"
+            )
     print("\ntotal / ideal: 1.00 means loading is completely hidden behind the step (median per round).")
 
 

@@ -1,0 +1,198 @@
+"""What a user's training script would define, shared by the benchmarks: decode functions in
+the forms users write them, the DataLoader peer's Dataset, small-file generation and CPU
+accounting of a process tree.
+
+The decode functions are module-level so both loaders can pickle them: aioloader's decode
+workers import this module (the fork server preloads it, as the main script imports it),
+DataLoader's forked workers inherit it. Each takes an optional ``rng``: aioloader calls it
+with the bytes alone and the randomness comes from :func:`aioloader.sample_rng`; the
+DataLoader peer passes a per-worker NumPy generator.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, get_worker_info
+
+from aioloader import FileDataset, sample_rng
+
+SIZE = 224
+
+
+def random_crop(data: bytes, rng: np.random.Generator | None = None) -> np.ndarray:
+    """A plain user decode: Pillow decode, a RandomResizedCrop-like box (scale 0.08-1,
+    ratio 3/4-4/3, 10 tries then the centre) resized to 224x224, horizontal flip p=0.5,
+    uint8 CHW. No draft mode, nothing declared."""
+    rng = sample_rng() if rng is None else rng
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    w, h = img.size
+    box = (0.0, 0.0, float(w), float(h))
+    for _ in range(10):
+        area = w * h * rng.uniform(0.08, 1.0)
+        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        bw, bh = math.sqrt(area * aspect), math.sqrt(area / aspect)
+        if bw <= w and bh <= h:
+            x0, y0 = rng.uniform(0, w - bw), rng.uniform(0, h - bh)
+            box = (x0, y0, x0 + bw, y0 + bh)
+            break
+    out = img.resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=box)
+    if rng.random() < 0.5:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.ascontiguousarray(np.asarray(out, dtype=np.uint8).transpose(2, 0, 1))
+
+
+class DeclaredCrop:
+    """``random_crop`` wrapped in a picklable callable that declares its output."""
+
+    output_shape = (3, SIZE, SIZE)
+    output_dtype = np.uint8
+
+    def __call__(self, data: bytes, rng: np.random.Generator | None = None) -> np.ndarray:
+        return random_crop(data, rng)
+
+
+def random_crop_tensor(data: bytes, rng: np.random.Generator | None = None) -> torch.Tensor:
+    """``random_crop`` returning a torch tensor."""
+    return torch.from_numpy(random_crop(data, rng))
+
+
+def random_crop_dict(data: bytes, rng: np.random.Generator | None = None) -> dict[str, Any]:
+    """``random_crop`` returning a nested dict: ``{"image": array, "meta": {"h", "w"}}``
+    (the file's own size)."""
+    image = random_crop(data, rng)
+    w, h = Image.open(io.BytesIO(data)).size  # header only
+    return {"image": image, "meta": {"h": int(h), "w": int(w)}}
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return f.readall()
+
+
+class TimedRead:
+    """Read a whole file after sleeping ``delay_ms`` (0: no sleep). Stateless, so it is
+    thread-safe (aioloader's ``read=`` hook) and picklable (DataLoader workers)."""
+
+    def __init__(self, delay_ms: float) -> None:
+        self.delay_s = delay_ms / 1e3
+
+    def __call__(self, path: str) -> bytes:
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+        return read_file(path)
+
+
+class PeerDataset(Dataset[Any]):
+    """The DataLoader peer's Dataset: read + decode in the worker. ``decode(data, rng)`` gets
+    a NumPy generator per worker when ``takes_rng`` (the user functions), else
+    ``decode(data)`` (``ImageDecoder``, which draws from ``sample_rng()``); ``decode=None``
+    returns the bytes. Samples are ``(decoded, label)`` when the files have labels."""
+
+    def __init__(
+        self,
+        files: FileDataset,
+        decode: Callable[..., Any] | None,
+        read: Callable[[str], bytes] = read_file,
+        takes_rng: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.files, self.decode, self.read, self.takes_rng, self.seed = files, decode, read, takes_rng, seed
+        self._rng: np.random.Generator | None = None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> Any:
+        path, label = self.files[index]
+        data = self.read(path)
+        if self.decode is None:
+            sample = data
+        elif self.takes_rng:
+            if self._rng is None:
+                info = get_worker_info()
+                self._rng = np.random.default_rng([self.seed, info.id if info else 0, os.getpid()])
+            sample = self.decode(data, self._rng)
+        else:
+            sample = self.decode(data)
+        return sample if label is None else (sample, label)
+
+
+def make_small_files(root: Path, count: int, size: int = 4096, seed: int = 0) -> FileDataset:
+    """``count`` files of ``size`` random bytes under ``root`` (1,000 per folder), made once
+    (marked by ``.complete``), read once to warm the page cache. No labels."""
+    marker = root / ".complete"
+    stamp = f"{count} x {size} seed{seed}"
+    paths = [root / f"{i // 1000:04d}" / f"f{i:07d}.bin" for i in range(count)]
+    if not (marker.is_file() and marker.read_text() == stamp):
+        rng = np.random.default_rng(seed)
+        for i, p in enumerate(paths):
+            if i % 1000 == 0:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(rng.bytes(size))
+        marker.write_text(stamp)
+    for p in paths:
+        read_file(str(p))
+    return FileDataset([str(p) for p in paths])
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: ``(samples, labels)`` (DataLoader makes it a list), a list of
+    raw samples (bytes), a tensor, or a dict."""
+    if isinstance(batch, (tuple, list)) and batch and not isinstance(batch[0], (bytes, str)):
+        return batch_len(batch[-1])
+    if isinstance(batch, dict):
+        return batch_len(next(iter(batch.values())))
+    return len(batch)
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def tree_cpu() -> float:
+    """User + system CPU seconds of this process and of every process under it, alive or
+    already reaped (Linux ``/proc``; clock-tick resolution, 10 ms).
+
+    A process's ``cutime``/``cstime`` hold the CPU of the children it has waited for (and
+    theirs), so summing ``utime + stime + cutime + cstime`` over the live tree counts every
+    descendant exactly once, including aioloader's decode workers, which are children of
+    the fork server (a child of ours), not of this process. ``getrusage(RUSAGE_CHILDREN)``
+    alone would miss them until the fork server exits. Returns NaN without ``/proc``."""
+    try:
+        stats: dict[int, tuple[int, float]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # after "pid (comm)": state ppid ... utime(11) stime(12) cutime(13) cstime(14)
+            ppid = int(fields[1])
+            stats[int(name)] = (ppid, sum(int(v) for v in fields[11:15]) / _TICK)
+    except OSError:
+        return float("nan")
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        total += stats.get(pid, (0, 0.0))[1]
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+def trivial_decode(data: bytes) -> np.ndarray:
+    """Next to no work: the file's first 16 bytes as a uint8 array."""
+    return np.frombuffer(data, dtype=np.uint8, count=16).copy()
