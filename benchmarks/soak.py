@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 
 from aioloader import FileDataset, ImageDecoder, Loader
-from aioloader.synthetic import make_image_folder
 from aioloader.decode.pool import mp_context
+from aioloader.synthetic import make_image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import loadavg, machine
