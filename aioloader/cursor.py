@@ -51,11 +51,15 @@ class Cursor:
         self._finalizer = weakref.finalize(self, run.cancel)
 
     def check(self) -> None:
-        """Refuse use from a forked child, or after close (even with a batch still queued)."""
+        """Refuse use from a forked child, after close, or once a newer iteration started
+        (even with a batch still queued in the hand-off)."""
         self.runtime.check_owner()
         if self.is_closed():
             self.done = True
             raise LoaderClosedError(CLOSED_MESSAGE)
+        if self.run.cancelled and not self.done:
+            self.done = True
+            raise LoaderError(SUPERSEDED_MESSAGE)
 
     def deliver(self, item: Item, waited: float) -> Any:
         """The batch to hand to the trainer; ``_EMPTY`` for a batch whose samples were all

@@ -149,9 +149,11 @@ class Runtime:
         if config.decode is not None:
             self.pool = DecodePool(config.decode, config.num_workers, config.max_worker_restarts)
             if shm_available():  # else every sample crosses the pipe, pickled
-                # Enough slabs for every batch the pipeline itself holds: under construction,
-                # queued, in the bridge, in the hand-off, and the one the trainer is using.
-                pooled = window_size(config.io_concurrency, config.batch_size) + config.prefetch + 3
+                # Enough slabs for every batch the pipeline itself holds (under construction,
+                # one being queued, queued, in the bridge, in the hand-off, one whose rows
+                # repacking carries over) and the two a ``for b in loader`` holds around each
+                # ``next()``: the new one, and the old one until ``b`` is rebound.
+                pooled = window_size(config.io_concurrency, config.batch_size) + config.prefetch + 5
                 self.slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode))
         self.reader = FileReader(
             config.io_concurrency,

@@ -16,6 +16,7 @@ import torch
 from frontends import FRONTENDS, Driver, make_driver
 from helpers import descendants, shm_segments, write_numbered_files
 
+from aioloader.decode import zygote
 from aioloader.decode.pool import mp_context
 from aioloader.synthetic import make_image_folder
 
@@ -25,6 +26,7 @@ def _process_wide_helpers() -> None:
     """Start what lives for the whole process by design before the leak checks take their
     first snapshot: the shared fork server, the resource tracker, and libuv's global
     signal pipe (made by the first uvloop loop of a process)."""
+    zygote.context()  # the first loader would fork it: do it before any test's snapshot
     if mp_context().get_start_method() == "forkserver":
         forkserver.ensure_running()
     resource_tracker.ensure_running()

@@ -181,14 +181,16 @@ class FailingImage:
 
 
 def _shared_helper_pids() -> set[int]:
-    """multiprocessing's process-wide helpers: the fork server (the workers' parent) and the
-    resource tracker. They outlive every loader by design."""
+    """The process-wide helpers: aioloader's zygote and multiprocessing's fork server (the
+    workers' parent) and resource tracker. They outlive every loader by design."""
     from multiprocessing import forkserver, resource_tracker
+
+    from aioloader.decode import zygote
 
     pids = set()
     fs = getattr(forkserver._forkserver, "_forkserver_pid", None)
     rt = getattr(resource_tracker._resource_tracker, "_pid", None)
-    for pid in (fs, rt):
+    for pid in (fs, rt, zygote.pid()):
         if pid:
             pids.add(pid)
     return pids

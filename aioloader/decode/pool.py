@@ -1,9 +1,11 @@
 """The decode worker processes: start, crash recovery and bounded shutdown.
 
-Workers come from a ``forkserver`` context (``spawn`` where there is none): plain ``fork``
-after the loader's threads exist can copy a held lock into the child and hang it. The fork
-server preloads the worker side of aioloader (NumPy and Pillow, not torch) once, so each worker
-starts by a cheap fork of a warm process.
+Workers are forked by the zygote (:mod:`.zygote`: a fork server forked from this process
+before the loader had threads, so it already holds what the decoder needs). Where there is
+none, they come from the stock ``forkserver`` context (``spawn`` where there is none): plain
+``fork`` after the loader's threads exist can copy a held lock into the child and hang it.
+The stock fork server preloads the worker side of aioloader and what the main script
+imported, so each worker starts by a cheap fork of a warm process.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 from ..errors import WorkerCrashedError
 from . import worker as _worker
+from . import zygote
 from .protocol import Chunk, RowResult
 
 __all__ = ["Breakage", "DecodePool", "describe_deaths", "mp_context"]
@@ -97,6 +100,9 @@ class DecodePool:
         self.num_workers = num_workers
         self.max_restarts = max_restarts
         self._initargs = (decode,)
+        # Chosen now, before this pool's starter thread exists: the zygote forks only from
+        # a process without loader threads.
+        self._context: BaseContext = zygote.context() or mp_context()
         self._generation = 0
         self.restarts = 0
         self._breakages: dict[int, Breakage] = {}  # by the generation they ended
@@ -124,7 +130,7 @@ class DecodePool:
     def _start(self) -> ProcessPoolExecutor:
         executor = ProcessPoolExecutor(
             self.num_workers,
-            mp_context=mp_context(),
+            mp_context=self._context,
             initializer=_worker.worker_init,
             initargs=self._initargs,
         )

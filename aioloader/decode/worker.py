@@ -65,6 +65,11 @@ def worker_init(decode: Callable[[bytes], Any]) -> None:
     # and workers that died of it would print tracebacks and break the pool mid-close.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch = sys.modules.get("torch")  # imported by the trainer (zygote) or the decoder
+    if torch is not None:
+        # One intra-op thread per worker, as DataLoader's workers do: the workers already
+        # fill the cores, and a pool of spinning OpenMP threads in each would fight them.
+        torch.set_num_threads(1)
     _decode = decode
 
 

@@ -1,0 +1,177 @@
+"""The zygote: a fork server made by ``fork``, before the loader has any thread.
+
+Decode workers must not be plain ``fork`` children of the trainer once the loader's threads
+exist (a lock held by one of them would be copied, held forever, into the child). The stock
+``forkserver`` avoids that by exec'ing a fresh interpreter that then forks the workers, but
+that interpreter must import what the workers need: with a training script that imports
+torch, the first batch waits a second or more for it.
+
+The zygote gets both: when the first loader of the process starts, and only if no
+``aioloader-*`` thread exists yet, the process forks once. The child is single-threaded,
+already holds every module the trainer imported (the decode function's included), and runs
+multiprocessing's own fork-server loop; workers are forked from it in milliseconds. It is
+shared by every loader of the process, like the stock fork server, and exits when the
+trainer's process does (the fork server's "alive" pipe reaches end of file).
+
+Where it cannot be made (not POSIX, a Python whose fork-server internals differ, a loader
+thread already running), :func:`context` returns None and workers come from the stock
+``forkserver``.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import signal
+import socket
+import sys
+import threading
+from multiprocessing import (
+    connection,
+    forkserver,
+    popen_forkserver,
+    reduction,
+    resource_tracker,
+    spawn,
+    util,
+)
+from multiprocessing import context as mpcontext
+from typing import Any
+
+__all__ = ["context", "pid"]
+
+_lock = threading.Lock()
+_server: _Zygote | None = None
+_context: ZygoteContext | None = None
+
+
+class _Zygote(forkserver.ForkServer):
+    """A ``ForkServer`` whose server process is forked from this one (see the module)."""
+
+    def start(self) -> None:
+        resource_tracker.ensure_running()  # before the fork: workers share this one
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            # Every client owns the write end of the "alive" pipe; when this process exits,
+            # the read end reaches end of file and the server loop returns.
+            alive_r, alive_w = os.pipe()
+            child = os.fork()
+            if child == 0:  # pragma: no cover - runs in the zygote (tests see its effects)
+                _become_zygote(listener.fileno(), alive_r)
+            os.close(alive_r)
+        self._forkserver_address = address
+        self._forkserver_alive_fd = alive_w
+        self._forkserver_pid = child
+
+    def ensure_running(self) -> None:
+        """The zygote runs from :meth:`start` on; it is never restarted here (a fork now
+        could copy a held lock): a dead zygote fails the next worker start, loudly."""
+
+
+def _become_zygote(listener_fd: int, alive_r: int) -> None:
+    code = 0
+    try:
+        # Objects of the trainer that were garbage at the fork stay uncollected: their
+        # finalizers must not close file descriptors or files that are not ours.
+        gc.freeze()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)  # the trainer's handlers are not ours
+        keep = {0, 1, 2, listener_fd, alive_r}
+        for fd in _open_fds():
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        forkserver.main(listener_fd, alive_r, [])
+    except SystemExit:  # the trainer's process is gone (the "alive" pipe closed)
+        code = 0
+    except BaseException:  # noqa: BLE001 - whatever happens, never return into the trainer's code
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _open_fds() -> list[int]:
+    try:
+        return sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+    except OSError:
+        return list(range(3, 1024))
+
+
+class _ZygotePopen(popen_forkserver.Popen):
+    """``popen_forkserver.Popen`` asking the zygote, not the stock fork server."""
+
+    def _launch(self, process_obj: Any) -> None:
+        assert _server is not None
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        buf = io.BytesIO()
+        mpcontext.set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            mpcontext.set_spawning_popen(None)
+        self.sentinel, w = _server.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
+        # Kept open: the child sees its parent die when this end closes.
+        parent_w = os.dup(w)
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))  # type: ignore[attr-defined]
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _ZygoteProcess(mpcontext.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        return _ZygotePopen(process_obj)
+
+
+class ZygoteContext(mpcontext.ForkServerContext):
+    """A multiprocessing context whose processes are forked by the zygote."""
+
+    Process = _ZygoteProcess
+
+
+def _supported() -> bool:
+    # The fork-server protocol this module speaks is CPython 3.10-3.13's (3.14 adds an
+    # authentication step), on POSIX with fd passing.
+    return (
+        (3, 10) <= sys.version_info[:2] < (3, 14)
+        and hasattr(os, "fork")
+        and getattr(reduction, "HAVE_SEND_HANDLE", False)
+        and sys.platform != "win32"
+    )
+
+
+def _loader_threads() -> list[str]:
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate() if t is not me and t.name.startswith("aioloader-")]
+
+
+def context() -> ZygoteContext | None:
+    """The zygote's context, starting the zygote now if this is the first call and it is
+    safe to fork (see the module docstring); None: use the stock fork server."""
+    global _server, _context
+    with _lock:
+        if _context is not None:
+            return _context
+        if _server is not None or not _supported() or _loader_threads():
+            return None
+        server = _server = _Zygote()
+        try:
+            server.start()
+        except OSError:
+            return None
+        _context = ZygoteContext()
+        return _context
+
+
+def pid() -> int | None:
+    """The zygote's pid, if it was started."""
+    return _server._forkserver_pid if _server is not None else None
