@@ -179,7 +179,7 @@ class Engine:
         results: list[RowResult | None],
     ) -> None:
         """Read the files of ``rows`` concurrently, then decode them in one worker task."""
-        sources = await _gather_or_cancel(self._read(indices[r], slab) for r in rows)
+        sources = await self._read(indices, rows, slab)
         items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
         if not items:
             return
@@ -196,22 +196,25 @@ class Engine:
             else:
                 results[r] = outcome
 
-    async def _read(self, index: int, slab: Slab | None) -> Source | None:
-        """Sample ``index``'s bytes, or None when it failed and is skipped."""
-        self.policy.attempted()
-        path = self._ds.path(index)
+    async def _read(self, indices: list[int], rows: range, slab: Slab | None) -> list[Source | None]:
+        """The bytes of the samples in ``rows`` (into the slab's input arena when decoding);
+        None for a sample that failed and is skipped."""
+        self.policy.attempted(len(rows))
         arena = slab.input if slab is not None and self._decoder is not None else None
-        try:
-            src = await self._reader.fetch(path, index, arena, self._cfg.sample_timeout)
-        except SampleError as err:
-            if isinstance(err, LoaderTimeoutError) and slab is not None:
-                slab.tainted = True  # the abandoned read may still write into its arena
-            self.policy.failed(err)
-            return None
-        size = src[1] if isinstance(src, tuple) else len(src)
-        self._counters.add_bytes(size)
-        self._sizes.add(size)
-        return src
+        items = [(indices[r], self._ds.path(indices[r])) for r in rows]
+        sources: list[Source | None] = []
+        for res in await self._reader.fetch_many(items, arena, self._cfg.sample_timeout):
+            if isinstance(res, SampleError):
+                if isinstance(res, LoaderTimeoutError) and slab is not None:
+                    slab.tainted = True  # the abandoned read may still write into its arena
+                self.policy.failed(res)
+                sources.append(None)
+                continue
+            size = res[1] if isinstance(res, tuple) else len(res)
+            self._counters.add_bytes(size)
+            self._sizes.add(size)
+            sources.append(res)
+        return sources
 
     def _learn(self, results: list[RowResult | None], slab: Slab | None) -> None:
         """Feed the layout tracker with this batch's samples; plan the next slabs."""

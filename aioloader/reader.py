@@ -9,6 +9,13 @@ aiofiles runs blocking file calls on an executor. Two things make that scale:
   hiding.
 - one executor hop per file. ``aiofiles.open`` + ``read`` + ``close`` is three hops;
   wrapping the whole open/read/close (aiofiles' own ``wrap``) is one.
+- several files per hop while reads are fast (:meth:`FileReader.fetch_many`). A page-cached
+  file reads in tens of microseconds, less than a hop costs the loader's process (a thread
+  wake-up, two futures, the event loop's callbacks, and GIL hand-offs between dozens of
+  threads that stall every other thread of the trainer's process). So a chunk of files is
+  read in one hop on one thread, which gives up as soon as one read is slow (see
+  :class:`ReadPace`); what is left, and everything while reads are slow (network storage),
+  goes one file per hop, thousands in flight.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -24,10 +32,10 @@ from aiofiles.os import wrap
 
 from .decode.protocol import Source
 from .decode.slabs import Arena
-from .errors import LoaderTimeoutError, ReadError
+from .errors import LoaderTimeoutError, ReadError, SampleError
 from .threads import DaemonThreadPool
 
-__all__ = ["FileReader", "Source", "read_file"]
+__all__ = ["FileReader", "ReadPace", "Source", "read_file"]
 
 
 def read_file(path: str) -> bytes:
@@ -88,6 +96,76 @@ def backoff(attempt: int) -> float:
     return float(min(2.0, 0.05 * 2 ** (attempt - 1)))
 
 
+def _checked(res: Source | OSError, path: str, index: int, io_concurrency: int) -> Source | SampleError:
+    """A read's result as the sample's bytes, or the :class:`ReadError` it is (the cause
+    chained without its traceback, whose frames would keep the slab mapped)."""
+    if isinstance(res, OSError):
+        hint = ""
+        if res.errno in (errno.EMFILE, errno.ENFILE):
+            hint = f"; raise the open-file limit (ulimit -n) or lower io_concurrency={io_concurrency}"
+        err = ReadError(f"cannot read file: {res.strerror or res}{hint}", path=path, index=index)
+        err.__cause__ = res.with_traceback(None)
+        return err
+    if (res[1] if isinstance(res, tuple) else len(res)) == 0:
+        return ReadError("empty file", path=path, index=index)
+    return res
+
+
+#: Group hops at once. Fast reads need no parallelism (one thread reads page-cached files
+#: at tens of thousands a second), and every extra thread in the GIL's queue delays the
+#: trainer's own threads.
+GROUP_THREADS = 2
+
+
+class ReadPace:
+    """Whether reads are fast enough to group (pure; fed from the I/O threads).
+
+    A read is *slow* past ``slow`` seconds (1 ms: far above a page-cache hit, far below a
+    network round trip). Reads are grouped while the recent slow share is small; a group
+    stops at its first slow read, and at ``budget`` seconds in all, so a group never holds
+    back the files after it for long.
+    """
+
+    slow = 0.001
+    budget = 0.004
+
+    def __init__(self) -> None:
+        self.slow_share = 0.0  # exponentially weighted share of slow reads
+
+    def observe(self, seconds: float) -> None:
+        self.slow_share = 0.9 * self.slow_share + 0.1 * (seconds > self.slow)
+
+    @property
+    def fast(self) -> bool:
+        return self.slow_share < 0.2
+
+
+def _timed(pace: ReadPace, fn: Callable[..., Source], *args: Any) -> Source:
+    start = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        pace.observe(time.perf_counter() - start)
+
+
+def _read_group(one: Callable[[str], Source], paths: list[str], pace: ReadPace) -> list[Source | OSError]:
+    """Read ``paths`` in order on this thread until one read is slow or the budget is spent;
+    the results of those attempted (the rest are left to the caller)."""
+    out: list[Source | OSError] = []
+    start = time.perf_counter()
+    for path in paths:
+        t = time.perf_counter()
+        try:
+            out.append(one(path))
+        except OSError as exc:
+            out.append(exc.with_traceback(None))
+        now = time.perf_counter()
+        pace.observe(now - t)
+        if now - t > pace.slow or now - start > pace.budget:
+            break
+    return out
+
+
 class FileReader:
     """Reads files with at most ``io_concurrency`` reads in flight.
 
@@ -108,22 +186,75 @@ class FileReader:
         self.io_concurrency = io_concurrency
         self.retries = retries
         self._on_retry = on_retry
-        self._read = wrap(read or read_file)
-        self._read_into = wrap(_read_into) if read is None else wrap(partial(_store, read))
+        self.pace = ReadPace()
+        self._plain = read or read_file
+        self._plain_into = _read_into if read is None else partial(_store, read)
+        # One file per hop: timed on the I/O thread, so the pace sees the read, not its wait.
+        self._read = wrap(partial(_timed, self.pace, self._plain))
+        self._read_into = wrap(partial(_timed, self.pace, self._plain_into))
         self._pool = DaemonThreadPool(io_concurrency, thread_name_prefix="aioloader-io")
         self._sem: asyncio.Semaphore | None = None
+        self._groups: asyncio.Semaphore | None = None  # group hops running at once
 
-    async def read(self, path: str) -> bytes:
-        """The file's bytes; raises the ``OSError`` of the last failed try."""
-        data: bytes = await self._retrying(path, self._read, path)
+    async def read(self, path: str, failed: OSError | None = None) -> bytes:
+        """The file's bytes; raises the ``OSError`` of the last failed try. ``failed``: a
+        first try already failed with that (transient) error."""
+        data: bytes = await self._retrying(path, failed, self._read, path)
         return data
 
-    async def read_into(self, path: str, arena: Arena) -> Source:
+    async def read_into(self, path: str, arena: Arena, failed: OSError | None = None) -> Source:
         """Like :meth:`read`, but into ``arena`` when the file fits (one executor hop)."""
-        src: Source = await self._retrying(path, self._read_into, path, arena)
+        src: Source = await self._retrying(path, failed, self._read_into, path, arena)
         return src
 
-    async def fetch(self, path: str, index: int, arena: Arena | None, timeout: float | None) -> Source:
+    async def fetch_many(
+        self, items: list[tuple[int, str]], arena: Arena | None, timeout: float | None
+    ) -> list[Source | SampleError]:
+        """The bytes (or the :class:`SampleError`) of each ``(index, path)``, as
+        :meth:`fetch` would give them; while reads are fast (and no ``timeout`` bounds
+        them), several files are read in one hop (see the module docstring)."""
+        done: list[Source | SampleError] = []
+        failed: OSError | None = None  # a transient error of the group: retried below
+        if timeout is None and self.pace.fast and len(items) > 1:
+            paths = [path for _, path in items]
+            one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
+            if self._sem is None:
+                self._sem = asyncio.Semaphore(self.io_concurrency)
+            if self._groups is None:
+                self._groups = asyncio.Semaphore(GROUP_THREADS)
+            async with self._groups, self._sem:
+                loop = asyncio.get_running_loop()
+                got = await loop.run_in_executor(self._pool, _read_group, one, paths, self.pace)
+            for (index, path), res in zip(items, got, strict=False):
+                if isinstance(res, OSError) and res.errno in TRANSIENT:
+                    failed = res
+                    break
+                done.append(_checked(res, path, index, self.io_concurrency))
+        rest = items[len(done) :]
+        if rest:
+            singles = [
+                self._fetch_or_error(path, index, arena, timeout, failed if i == 0 else None)
+                for i, (index, path) in enumerate(rest)
+            ]
+            done.extend(await asyncio.gather(*singles))
+        return done
+
+    async def _fetch_or_error(
+        self, path: str, index: int, arena: Arena | None, timeout: float | None, failed: OSError | None
+    ) -> Source | SampleError:
+        try:
+            return await self.fetch(path, index, arena, timeout, failed)
+        except SampleError as err:
+            return err
+
+    async def fetch(
+        self,
+        path: str,
+        index: int,
+        arena: Arena | None,
+        timeout: float | None,
+        failed: OSError | None = None,
+    ) -> Source:
         """Sample ``index``'s bytes (into ``arena`` when given and they fit). Raises
         :class:`ReadError` (missing, unreadable, empty, I/O error after the retries) or
         :class:`LoaderTimeoutError` past ``timeout`` seconds, retries included; after a
@@ -133,9 +264,10 @@ class FileReader:
         # as long as the error lives (in a log handler, say).
         failure: OSError | None = None
         timed_out = False
+        src: Source = b""
         try:
-            reading = self.read(path) if arena is None else self.read_into(path, arena)
-            src: Source = await asyncio.wait_for(reading, timeout)
+            reading = self.read(path, failed) if arena is None else self.read_into(path, arena, failed)
+            src = await asyncio.wait_for(reading, timeout)
         except asyncio.TimeoutError:
             timed_out = True
         except OSError as exc:
@@ -144,21 +276,22 @@ class FileReader:
             raise LoaderTimeoutError(
                 f"read took longer than sample_timeout={timeout}s", path=path, index=index
             )
-        if failure is not None:
-            hint = ""
-            if failure.errno in (errno.EMFILE, errno.ENFILE):
-                io = self.io_concurrency
-                hint = f"; raise the open-file limit (ulimit -n) or lower io_concurrency={io}"
-            why = failure.strerror or failure
-            raise ReadError(f"cannot read file: {why}{hint}", path=path, index=index) from failure
-        if (src[1] if isinstance(src, tuple) else len(src)) == 0:
-            raise ReadError("empty file", path=path, index=index)
-        return src
+        checked = _checked(src if failure is None else failure, path, index, self.io_concurrency)
+        if isinstance(checked, SampleError):
+            raise checked
+        return checked
 
-    async def _retrying(self, path: str, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _retrying(self, path: str, failed: OSError | None, fn: Callable[..., Any], *args: Any) -> Any:
         if self._sem is None:  # created lazily so it binds to the loader's loop
             self._sem = asyncio.Semaphore(self.io_concurrency)
         attempt = 0
+        if failed is not None:  # the first try was part of a group read
+            attempt = 1
+            if attempt > self.retries:
+                raise failed
+            if self._on_retry is not None:
+                self._on_retry(path, failed)
+            await asyncio.sleep(backoff(attempt))
         while True:
             try:
                 async with self._sem:

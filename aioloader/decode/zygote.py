@@ -7,7 +7,8 @@ that interpreter must import what the workers need: with a training script that 
 torch, the first batch waits a second or more for it.
 
 The zygote gets both: when the first loader of the process starts, and only if no
-``aioloader-*`` thread exists yet, the process forks once. The child is single-threaded,
+``aioloader-*`` thread exists yet, the process forks once (and closes, in the copy, the
+trainer's pipes and sockets). The child is single-threaded,
 already holds every module the trainer imported (the decode function's included), and runs
 multiprocessing's own fork-server loop; workers are forked from it in milliseconds. It is
 shared by every loader of the process, like the stock fork server, and exits when the
@@ -20,11 +21,13 @@ thread already running), :func:`context` returns None and workers come from the 
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import io
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 from multiprocessing import (
@@ -81,9 +84,17 @@ def _become_zygote(listener_fd: int, alive_r: int) -> None:
         gc.freeze()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)  # the trainer's handlers are not ours
+        # faulthandler writes a crashing worker's traceback to the fd it was given, which
+        # may be one of those closed below and then reused (by a slab's mapping, say).
+        if faulthandler.is_enabled():
+            faulthandler.enable(file=sys.__stderr__ or 2, all_threads=True)
+        # Pipes and sockets of the trainer are closed: a copy held here would keep their
+        # other end from ever seeing end-of-file. Other files stay open, as after any fork:
+        # objects copied from the trainer (a log handler, say) may still write to them, and
+        # a closed number could be reused by a file of ours.
         keep = {0, 1, 2, listener_fd, alive_r}
         for fd in _open_fds():
-            if fd not in keep:
+            if fd not in keep and _is_pipe_or_socket(fd):
                 try:
                     os.close(fd)
                 except OSError:
@@ -95,6 +106,14 @@ def _become_zygote(listener_fd: int, alive_r: int) -> None:
         code = 1
     finally:
         os._exit(code)
+
+
+def _is_pipe_or_socket(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _open_fds() -> list[int]:
