@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -248,3 +251,40 @@ def shm_mapping(tensor: object) -> str | None:
             if start <= ptr < end:
                 return os.path.basename(parts[5].rstrip("\n").removesuffix(" (deleted)"))
     return None
+
+
+# -- scripts run in a session of their own ----------------------------------------------------
+
+
+def start_script(path: Path, text: str) -> subprocess.Popen[str]:
+    """Write ``text`` to ``path`` and run it with this checkout's aioloader, in a session of
+    its own (so what it leaves behind can be found, and killed, by session id)."""
+    path.write_text(textwrap.dedent(text))
+    return subprocess.Popen(
+        [sys.executable, str(path)],
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish_script(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
+    """``(stdout, stderr)`` of a script from :func:`start_script`, killed past ``timeout``."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def session_survivors(session: int, seconds: float = 5.0) -> list[str]:
+    """Pids still in ``session`` after waiting up to ``seconds`` for it to empty."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = subprocess.run(["pgrep", "-s", str(session)], capture_output=True, text=True).stdout.split()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)

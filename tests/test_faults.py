@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from faults import Fault, FlakyRead, SlowRead
-from helpers import flatten, script_env, shm_segments
+from helpers import flatten, shm_segments, start_script
 
 import aioloader
 from aioloader import (
@@ -326,16 +326,7 @@ if __name__ == "__main__":
 
 
 def _run_script(tmp_path: Path, text: str, **fmt: object) -> subprocess.Popen[str]:
-    script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(text.format(tests=os.path.dirname(__file__), **fmt)))
-    return subprocess.Popen(
-        [sys.executable, str(script)],
-        env=script_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_script(tmp_path / "script.py", text.format(tests=os.path.dirname(__file__), **fmt))
 
 
 def _stop_session(proc: subprocess.Popen[str]) -> None:

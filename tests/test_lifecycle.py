@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
-import sys
-import textwrap
 import threading
-import time
 import weakref
 from pathlib import Path
 
 import pytest
-from helpers import decode_number, descendants, flatten, is_gone, script_env
+from helpers import (
+    decode_number,
+    descendants,
+    finish_script,
+    flatten,
+    is_gone,
+    session_survivors,
+    start_script,
+)
 
 from aioloader import Loader
 from aioloader.loader import State
@@ -129,33 +133,12 @@ if __name__ == "__main__":
 
 
 def test_interpreter_exit_with_an_open_loader(numbered: list[str], tmp_path: Path) -> None:
-    script = tmp_path / "open_at_exit.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(tests=os.path.dirname(__file__), paths=numbered)))
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        env=script_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    text = SCRIPT.format(tests=os.path.dirname(__file__), paths=numbered)
+    proc = start_script(tmp_path / "open_at_exit.py", text)
+    out, err = finish_script(proc)
     assert proc.returncode == 0, err
     assert "left open" in out
     assert "Traceback" not in err, err
     # No orphan: nothing of that session outlives its parent for long (the fork server and
     # resource tracker exit when they see their pipe to the parent close).
-    deadline = time.monotonic() + 5
-    while True:
-        survivors = subprocess.run(
-            ["pgrep", "-s", str(proc.pid)], capture_output=True, text=True
-        ).stdout.split()
-        if not survivors or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert survivors == []
+    assert session_survivors(proc.pid) == []

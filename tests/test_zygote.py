@@ -8,10 +8,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-from helpers import decode_number, descendants, script_env
+from helpers import decode_number, descendants, finish_script, script_env, session_survivors, start_script
 
 from aioloader import Loader
 from aioloader.decode import zygote
@@ -43,27 +42,6 @@ if __name__ == "__main__":
 """
 
 
-def run(tmp_path: Path, numbered: list[str]) -> subprocess.Popen[str]:
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(paths=numbered)))
-    return subprocess.Popen(
-        [sys.executable, str(script)],
-        env=script_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def survivors(session: int, deadline: float) -> list[str]:
-    while True:
-        left = subprocess.run(["pgrep", "-s", str(session)], capture_output=True, text=True).stdout.split()
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
-
-
 def test_workers_come_from_the_zygote(numbered: list[str]) -> None:
     assert zygote.pid() is not None  # conftest starts it before the first test
     with Loader(numbered, batch_size=5, decode=decode_number, num_workers=2, shuffle=False) as loader:
@@ -79,20 +57,15 @@ def test_workers_come_from_the_zygote(numbered: list[str]) -> None:
 def test_a_script_that_imports_torch_starts_fast_and_leaves_nothing(
     numbered: list[str], tmp_path: Path
 ) -> None:
-    proc = run(tmp_path, numbered)
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    proc = start_script(tmp_path / "train.py", SCRIPT.format(paths=numbered))
+    out, err = finish_script(proc)
     assert proc.returncode == 0, err
     lines = dict(line.split(" ", 1) for line in out.splitlines())
     zygote_pid = int(lines["zygote"])
     assert zygote_pid and len(lines["pids"].split()) == 2  # both workers are its children
     # No timing assertion (tests never assert on time); the figure is for the reader.
     print("first batch of a torch-importing script:", lines["first_ms"], "ms")
-    assert survivors(proc.pid, time.monotonic() + 5) == []
+    assert session_survivors(proc.pid) == []
 
 
 def test_no_zygote_once_loader_threads_exist(tmp_path: Path) -> None:
