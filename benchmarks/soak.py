@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from aioloader import FileDataset, ImageDecoder, Loader
+from aioloader.decode import zygote
 from aioloader.decode.pool import mp_context
 from aioloader.synthetic import make_image_folder
 
@@ -122,10 +123,11 @@ def expected_hashes(paths: list[str], damage: dict[int, str], decode: ImageDecod
 
 
 def helper_pids() -> set[int]:
-    """The fork server and resource tracker: one per Python process by design, shared by all
-    loaders, not something a loader leaks."""
+    """aioloader's zygote, the fork server and the resource tracker: one per Python process
+    by design, shared by all loaders, not something a loader leaks."""
     pids = set()
     for pid in (
+        zygote.pid(),
         getattr(forkserver._forkserver, "_forkserver_pid", None),
         getattr(resource_tracker._resource_tracker, "_pid", None),
     ):
@@ -288,7 +290,9 @@ def soak(
     log.propagate = False  # counted, not printed: 20 files x "skipped ..." would drown the report
 
     # Start what lives for the whole process by design (as tests/conftest.py does) before the
-    # "before" snapshot: the fork server, the resource tracker and libuv's signal pipe.
+    # "before" snapshot: the zygote, the fork server, the resource tracker and libuv's signal
+    # pipe.
+    zygote.context()
     if mp_context().get_start_method() == "forkserver":
         forkserver.ensure_running()
     resource_tracker.ensure_running()
