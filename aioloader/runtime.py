@@ -20,6 +20,7 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from . import gcfreeze
 from .bridge import Bridge, Run
 from .config import LoaderConfig
 from .dataset import FileDataset
@@ -129,6 +130,14 @@ class Runtime:
     """The started loader: threads, processes and the engine, for one loader's lifetime."""
 
     def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
+        gcfreeze.hold()  # before the zygote's fork, which then shares the frozen pages
+        try:
+            self._start(config, dataset, counters)
+        except BaseException:
+            gcfreeze.release()
+            raise
+
+    def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
         global _exit_hook_installed
         self.owner_pid = os.getpid()
         self._closed = False
@@ -218,18 +227,21 @@ class Runtime:
         self._stop_all(run, grace)
 
     def _stop_all(self, run: Run | None, grace: float) -> None:
-        if run is not None:
-            run.cancel()
-        self.bridge.stop(timeout=grace)
-        if not self.loop_thread.loop.is_closed() and self.loop_thread.thread.is_alive():
-            try:
-                self.loop_thread.call(_cancel_everything(), timeout=grace + 5)
-            except Exception:  # noqa: BLE001 - stopping the loop below is what matters
-                pass
-        self.loop_thread.stop(timeout=grace)
-        if self.pool is not None:
-            self.pool.close(grace)
-        self.reader.close()
-        self.collate_pool.shutdown(wait=True, cancel_futures=True)
-        if self.slabs is not None:
-            self.slabs.close()
+        try:
+            if run is not None:
+                run.cancel()
+            self.bridge.stop(timeout=grace)
+            if not self.loop_thread.loop.is_closed() and self.loop_thread.thread.is_alive():
+                try:
+                    self.loop_thread.call(_cancel_everything(), timeout=grace + 5)
+                except Exception:  # noqa: BLE001 - stopping the loop below is what matters
+                    pass
+            self.loop_thread.stop(timeout=grace)
+            if self.pool is not None:
+                self.pool.close(grace)
+            self.reader.close()
+            self.collate_pool.shutdown(wait=True, cancel_futures=True)
+            if self.slabs is not None:
+                self.slabs.close()
+        finally:
+            gcfreeze.release()
