@@ -219,7 +219,11 @@ class Loader:
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Loader:
         """Start the loop, bridging thread and worker processes now (``with`` does this);
-        iterating starts them lazily otherwise. Returns self."""
+        iterating starts them lazily otherwise. Returns self.
+
+        Until the last open loader closes, the objects that exist now are frozen out of the
+        cyclic garbage collector (:mod:`aioloader.gcfreeze`): a full collection would
+        otherwise stall every thread of the process, the trainer's included."""
         self._runtime_or_start()
         return self
 
