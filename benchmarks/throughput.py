@@ -302,6 +302,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--files", type=int, default=20000, help="files for --small-files (%(default)s)")
     p.add_argument("--workers", type=int, default=usable_cpus(), help="processes for both (%(default)s)")
+    p.add_argument(
+        "--peer-workers",
+        type=int,
+        default=None,
+        help="DataLoader's num_workers when it should differ from --workers (e.g. 8 behind slow reads)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="(%(default)s)")
     p.add_argument("--io-concurrency", type=int, default=64, help="aioloader reads in flight (%(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved measured rounds (%(default)s)")
@@ -400,12 +406,14 @@ def main() -> int:
                 flush=True,
             )
 
+    peer_workers = args.peer_workers or args.workers
+
     def make_peer(w: Workload, r: int) -> Callable[[], DataLoader[Any]]:
         return lambda: DataLoader(
             PeerDataset(w.files, w.peer_decode, read, w.takes_rng, args.seed + r),
             batch_size=args.batch_size,
             shuffle=True,
-            num_workers=args.workers,
+            num_workers=peer_workers,
             persistent_workers=True,
             generator=torch.Generator().manual_seed(args.seed + r),
         )
@@ -446,8 +454,8 @@ def main() -> int:
     print()
     print("\n".join(machine()))
     print(
-        f"- workload: {data_line}; batch {args.batch_size}, shuffled; {args.workers} worker processes "
-        f"each (DataLoader persistent_workers=True); read delay {args.read_delay_ms:g} ms; "
+        f"- workload: {data_line}; batch {args.batch_size}, shuffled; aioloader {args.workers} worker "
+        f"processes, DataLoader {peer_workers} (persistent_workers=True); read delay {args.read_delay_ms:g} ms; "
         f"aioloader io_concurrency {args.io_concurrency}"
     )
     for w in loads:
