@@ -23,8 +23,10 @@ NumPy generator for the functions' randomness, ``aioloader.sample_rng()`` in aio
 
 A measurement constructs the loader and runs two epochs: start-up is included. The clock
 starts before the loader is constructed, so the first batch's time includes starting the
-workers (aioloader: its fork server too, stopped after each run so every run starts cold,
-as a fresh training process does). ``--rounds`` interleaved rounds (per decode: DataLoader,
+workers. aioloader's workers come from its zygote, a fork of this process made once, when
+the first loader starts (about 10 ms, paid by the first aioloader run only); multiprocessing's
+fork server, used where no zygote can be made, is stopped after each run so that every run
+would start it cold, as a fresh training process does. ``--rounds`` interleaved rounds (per decode: DataLoader,
 aioloader; then the next decode; then the next round); the table shows medians. CPU: the
 whole process tree's user+sys CPU per image (``/proc``: this process, its live descendants,
 and those already reaped), and the trainer's process alone per batch
@@ -471,7 +473,7 @@ def main() -> int:
     print(f"- 1-min load average at start {load_start}, at end {load_end}")
     print(
         f"- each run: construct the loader, {args.epochs} epochs, close (start-up included; aioloader's "
-        f"fork server stopped after each run); medians of {args.rounds} interleaved rounds"
+        f"zygote made once per process); medians of {args.rounds} interleaved rounds"
     )
     print()
     print_throughput(loads, runs, cores, unit="files" if args.small_files else "samples")
