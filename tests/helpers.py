@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -271,13 +272,24 @@ def start_script(path: Path, text: str) -> subprocess.Popen[str]:
 
 
 def finish_script(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str, str]:
-    """``(stdout, stderr)`` of a script from :func:`start_script`, killed past ``timeout``."""
+    """``(stdout, stderr)`` of a script from :func:`start_script`; its whole session is
+    killed past ``timeout``."""
     try:
         return proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            kill_session(proc)
+
+
+def kill_session(proc: subprocess.Popen[str]) -> None:
+    """Kill what is left of a script's session and collect its output. The whole process
+    group: an orphaned fork server or worker keeps the script's stdout and stderr open, and
+    ``communicate`` would wait for them (a hung worker for as long as it hangs)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
 
 
 def session_survivors(session: int, seconds: float = 5.0) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from faults import Fault, FlakyRead, SlowRead
-from helpers import flatten, shm_segments, start_script
+from helpers import flatten, kill_session, session_survivors, shm_segments, start_script
 
 import aioloader
 from aioloader import (
@@ -329,26 +329,6 @@ def _run_script(tmp_path: Path, text: str, **fmt: object) -> subprocess.Popen[st
     return start_script(tmp_path / "script.py", text.format(tests=os.path.dirname(__file__), **fmt))
 
 
-def _stop_session(proc: subprocess.Popen[str]) -> None:
-    """Kill what is left of a script's session and collect its output. The whole process
-    group: an orphaned fork server or worker keeps the script's stdout and stderr open, and
-    ``communicate`` would wait for them (a hung worker for as long as it hangs)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.communicate()
-
-
-def _session_survivors(pid: int, wait: float = 5.0) -> list[str]:
-    deadline = time.monotonic() + wait
-    while True:
-        out = subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()
-        if not out or time.monotonic() > deadline:
-            return out
-        time.sleep(0.1)
-
-
 def test_ctrl_c_while_iterating(numbered: list[str], tmp_path: Path) -> None:
     proc = _run_script(tmp_path, SIGINT_SCRIPT, paths=numbered)
     try:
@@ -362,11 +342,11 @@ def test_ctrl_c_while_iterating(numbered: list[str], tmp_path: Path) -> None:
         elapsed = time.monotonic() - start
     finally:
         if proc.poll() is None:
-            _stop_session(proc)
+            kill_session(proc)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert err.count("Traceback") == 1, err  # the main one: no stray tracebacks from workers
     assert elapsed < 20  # a hang detector; the close itself is bounded by its grace periods
-    assert _session_survivors(proc.pid) == []
+    assert session_survivors(proc.pid) == []
     assert shm_segments(proc.pid) == set()
 
 
@@ -392,10 +372,10 @@ def test_exit_with_an_open_loader_and_hung_workers(numbered: list[str], tmp_path
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            _stop_session(proc)
+            kill_session(proc)
     assert proc.returncode == 0 and "exiting" in out, err
     assert "Traceback" not in err, err
-    assert _session_survivors(proc.pid) == []
+    assert session_survivors(proc.pid) == []
     assert shm_segments(proc.pid) == set()
 
 
