@@ -18,9 +18,13 @@ so a trainer that keeps batches never sees them change. The free list is bounded
 (``pooled``); slabs made beyond it while batches are held are one-shot and unlinked on
 release.
 
-Every segment is registered with multiprocessing's resource tracker, so even a parent killed
-by SIGKILL leaves nothing in ``/dev/shm``; ``close`` unlinks them all at once (memory that a
-held tensor still maps stays valid until that tensor dies).
+Every segment is registered with multiprocessing's resource tracker before it is made, so a
+trainer killed at any moment, even by SIGKILL, leaves nothing in ``/dev/shm``: the tracker
+unlinks what is still registered once every process holding its pipe is gone, and the
+loader's helpers all end with the trainer (:mod:`aioloader.lifeline`). ``close`` unlinks
+them all at once (memory that a held tensor still maps stays valid until that tensor dies).
+Names carry the maker's pid (``aioloader-<pid>-<n>-<random>``), so ``aioloader doctor`` can
+find those of processes that are gone (a tracker killed too, say).
 """
 
 from __future__ import annotations
@@ -136,8 +140,14 @@ class Slab:
 
 
 def _create_segment(path: str, size: int) -> mmap.mmap:
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    # Registered before it exists: a kill between the two steps then leaves the tracker a
+    # name to unlink (or a name that is not there), never a segment it does not know of.
     _track(path)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except BaseException:
+        _untrack(path)
+        raise
     try:
         # Reserve the pages now: a tmpfs that is too small then fails here with ENOSPC,
         # instead of a SIGBUS in whichever process first touches a missing page.

@@ -12,7 +12,9 @@ trainer's pipes and sockets). The child is single-threaded,
 already holds every module the trainer imported (the decode function's included), and runs
 multiprocessing's own fork-server loop; workers are forked from it in milliseconds. It is
 shared by every loader of the process, like the stock fork server, and exits when the
-trainer's process does (the fork server's "alive" pipe reaches end of file).
+trainer's process does, however it ends: its "alive" pipe, whose write end only the trainer
+holds, reaches end of file, and on Linux the kernel kills it too (see
+:mod:`aioloader.lifeline`).
 
 Where it cannot be made (not POSIX, a Python whose fork-server internals differ, a loader
 thread already running), :func:`context` returns None and workers come from the stock
@@ -42,6 +44,8 @@ from multiprocessing import (
 from multiprocessing import context as mpcontext
 from typing import Any
 
+from .. import lifeline
+
 __all__ = ["context", "pid"]
 
 _lock = threading.Lock()
@@ -60,15 +64,25 @@ class _Zygote(forkserver.ForkServer):
             if not util.is_abstract_socket_namespace(address):
                 os.chmod(address, 0o600)
             listener.listen()
-            # Every client owns the write end of the "alive" pipe; when this process exits,
-            # the read end reaches end of file and the server loop returns.
+            # Only this process holds the write end of the "alive" pipe: when it exits,
+            # however, the read end reaches end of file and the zygote's loop returns.
             alive_r, alive_w = os.pipe()
+            # The kernel's parent-death signal fires when the forking *thread* ends: ask for
+            # it only when that is the main thread, which lives as long as the process.
+            parent = os.getpid() if threading.current_thread() is threading.main_thread() else None
             child = os.fork()
             if child == 0:  # pragma: no cover - runs in the zygote (tests see its effects)
-                _become_zygote(listener.fileno(), alive_r)
+                _become_zygote(listener.fileno(), alive_r, parent)
             os.close(alive_r)
+            # The stock fork server hands its client's "alive" fd to every child it forks,
+            # so that it outlives them. Ours must not: a worker holding it would keep the
+            # zygote (and so itself) alive after the trainer died. Workers get the write
+            # end of a pipe nobody reads instead.
+            unread_r, unread_w = os.pipe()
+            os.close(unread_r)
         self._forkserver_address = address
-        self._forkserver_alive_fd = alive_w
+        self._forkserver_alive_fd = unread_w
+        self._alive_w = alive_w
         self._forkserver_pid = child
 
     def ensure_running(self) -> None:
@@ -76,9 +90,11 @@ class _Zygote(forkserver.ForkServer):
         could copy a held lock): a dead zygote fails the next worker start, loudly."""
 
 
-def _become_zygote(listener_fd: int, alive_r: int) -> None:
+def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
     code = 0
     try:
+        if parent is not None:
+            lifeline.die_with_parent(parent)
         # Objects of the trainer that were garbage at the fork stay uncollected: their
         # finalizers must not close file descriptors or files that are not ours.
         gc.freeze()

@@ -1,0 +1,194 @@
+"""The crash harness: a training script, killed at a chosen moment, and what it leaves.
+
+:func:`run_case` starts a trainer (aioloader's ``Loader`` or, for comparison,
+``torch.utils.data.DataLoader``; ``aioloader-forkserver`` is aioloader with its workers
+from the stock fork server, as where no zygote can be made) in a session of its own, waits
+until it reports the moment named by the phase, kills the trainer's process alone (as the
+OOM killer or a scheduler's preemption does: its helpers are left to notice), and watches for up to ``limit``
+seconds until no process of the session, no shared-memory segment of the trainer's pid and
+no new POSIX semaphore is left. Used by tests/test_crash.py (each case once) and
+benchmarks/crash.py (each case N times, with times).
+
+Phases (what the trainer is doing when it is killed):
+
+- ``start``: just after ``with loader:``; the workers are still starting.
+- ``mid-epoch``: iterating, with reads (10 ms each) and decodes (20 ms each) in flight.
+- ``hung-decode``: blocked in ``next()`` while every worker is stuck in a decode.
+- ``close``: inside ``close()``, which waits its grace period for the hung workers.
+- ``held-batch``: holding a batch (zero-copy: its slab) and doing something else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from helpers import shm_segments, start_script
+
+__all__ = ["KINDS", "PHASES", "Outcome", "run_case", "semaphores"]
+
+PHASES = ("start", "mid-epoch", "hung-decode", "close", "held-batch")
+KINDS = ("aioloader", "aioloader-forkserver", "dataloader")
+
+# Seconds between "ready" and the kill: into close() (which waits 2 s for hung workers),
+# else at once.
+_DELAY = {"close": 0.3}
+
+TRAINER = """
+import os, sys, threading, time
+import numpy as np
+from faults import Fault
+from helpers import decode_number
+
+KIND, PHASE, PATHS = {kind!r}, {phase!r}, {paths!r}
+HUNG = set(range(4, len(PATHS)))  # the first batch decodes; every later sample hangs
+
+
+def ready():
+    print("ready", os.getpid(), flush=True)
+
+
+def slow_read(path):
+    time.sleep(0.01)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def make():
+    if PHASE in ("hung-decode", "close"):
+        decode = Fault("hang", HUNG, seconds=3600)
+    elif PHASE == "mid-epoch":
+        decode = Fault("hang", set(range(len(PATHS))), seconds=0.02)
+    else:
+        decode = decode_number
+    if KIND.startswith("aioloader"):
+        import aioloader
+
+        if KIND == "aioloader-forkserver":  # no zygote once a loader thread exists
+            threading.Thread(target=time.sleep, args=(3600,), name="aioloader-other", daemon=True).start()
+
+        read = slow_read if PHASE == "mid-epoch" else None
+        return aioloader.Loader(PATHS, batch_size=4, decode=decode, num_workers=2, shuffle=False, read=read)
+    import torch.utils.data
+
+    class Files(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(PATHS)
+
+        def __getitem__(self, i):
+            data = slow_read(PATHS[i]) if PHASE == "mid-epoch" else open(PATHS[i], "rb").read()
+            return decode(data)
+
+    return torch.utils.data.DataLoader(Files(), batch_size=4, num_workers=2, persistent_workers=True)
+
+
+if __name__ == "__main__":
+    loader = make()
+    if KIND.startswith("aioloader"):
+        loader.start()
+    it = iter(loader)  # DataLoader starts its workers here
+    if PHASE == "start":
+        ready()
+        time.sleep(3600)
+    held = next(it)
+    if PHASE == "held-batch":
+        ready()
+        time.sleep(3600)
+    if PHASE == "close":
+        ready()
+        loader.close() if KIND.startswith("aioloader") else it._shutdown_workers()
+        time.sleep(3600)
+    ready()
+    while True:  # mid-epoch: keep loading; hung-decode: blocks in here
+        for batch in it:
+            pass
+        it = iter(loader)
+"""
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one kill left: ``survivors`` (pids still in the trainer's session), ``segments``
+    (``/dev/shm/aioloader-<pid>-*``), ``semaphores`` (POSIX semaphores made since the start),
+    after ``seconds`` (kill to clean, or to giving up at the limit); ``returncode`` of the
+    trainer and its ``stderr``."""
+
+    survivors: list[str]
+    segments: set[str]
+    semaphores: set[str]
+    seconds: float
+    returncode: int | None
+    stderr: str
+
+    @property
+    def leaked(self) -> bool:
+        return bool(self.survivors or self.segments or self.semaphores)
+
+
+def semaphores() -> set[str]:
+    """Named POSIX semaphores on this machine (``/dev/shm/sem.*``)."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("sem.")}
+    except FileNotFoundError:
+        return set()
+
+
+def _session(session: int) -> list[str]:
+    """Live processes of ``session``: a zombie has exited, and waits only for whoever
+    adopted it (here, PID 1) to collect its status."""
+    ps = ["ps", "-o", "pid=,stat=", "-s", str(session)]
+    out = subprocess.run(ps, capture_output=True, text=True).stdout
+    return [pid for pid, stat in (line.split() for line in out.splitlines()) if not stat.startswith("Z")]
+
+
+def _kill_session(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_case(
+    kind: str, phase: str, sig: signal.Signals, paths: list[str], folder: Path, limit: float = 5.0
+) -> Outcome:
+    """Run the trainer of ``kind`` to ``phase``, send ``sig`` to its process, and report
+    what is left once everything is gone or ``limit`` seconds have passed."""
+    sems_before = semaphores()
+    script = TRAINER.format(kind=kind, phase=phase, paths=paths)
+    proc = start_script(folder / f"trainer_{kind}_{phase}.py", script)
+    assert proc.stdout is not None
+    try:
+        line = proc.stdout.readline()
+    except BaseException:
+        _kill_session(proc)
+        raise
+    if not line.startswith("ready"):
+        _kill_session(proc)
+        _, err = proc.communicate()
+        raise AssertionError(f"the trainer did not get to {phase!r}: {line!r}\n{err}")
+    try:
+        time.sleep(_DELAY.get(phase, 0.0))
+        os.kill(proc.pid, sig)
+        killed = time.monotonic()
+        while True:
+            proc.poll()  # reap the trainer: a zombie still counts for pgrep
+            left = _session(proc.pid)
+            segs = shm_segments(proc.pid)
+            sems = semaphores() - sems_before
+            seconds = time.monotonic() - killed
+            if not (left or segs or sems) or seconds > limit:
+                break
+            time.sleep(0.01)
+    finally:
+        _kill_session(proc)  # a leaked helper keeps stdout and stderr open
+        _, err = proc.communicate()
+        for name in shm_segments(proc.pid) | (semaphores() - sems_before):  # leave the machine clean
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+    return Outcome(left, segs, sems, seconds, proc.returncode, err)
