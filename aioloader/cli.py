@@ -2,7 +2,8 @@
 
 ``aioloader demo`` trains a small CNN on a generated JPEG dataset twice, once loading each
 batch in the training loop and once fed by :class:`aioloader.Loader`, and prints how long
-the trainer waited for data each way.
+the trainer waited for data each way. ``aioloader doctor`` lists, and with ``--remove``
+removes, shared memory left by loaders whose process is gone (:mod:`.doctor`).
 
 This module stays light (argparse, os) and imports the demo, and with it torch, only when
 the command runs: decode workers re-import the main script, and the fork server preloads
@@ -143,7 +144,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed for the data, shuffling and the model (default: %(default)s)",
     )
     demo.set_defaults(error=demo.error)
+    doctor = sub.add_parser(
+        "doctor",
+        help="list (and with --remove, remove) shared memory left by loaders whose process is gone",
+        description=(
+            "List the shared-memory segments and semaphores of aioloader loaders whose process "
+            "no longer runs (left by an aioloader older than its crash guarantees, or by a whole "
+            "process group killed at once). Names of running loaders are never touched. Pids are "
+            "judged in this pid namespace: where containers share /dev/shm, run it in the "
+            "container whose trainers made them."
+        ),
+    )
+    doctor.add_argument("--remove", action="store_true", help="remove the leftovers listed")
     return parser
+
+
+def _doctor(remove: bool) -> int:
+    from . import doctor
+
+    entries = doctor.scan()
+    print(doctor.report(entries, hint=not remove))
+    if not remove:
+        return 0
+    removed, errors = doctor.remove(entries)
+    freed = doctor.size_text(sum(e.size for e in removed))
+    print(f"removed {len(removed)} leftover{'s' if len(removed) != 1 else ''} ({freed}).")
+    for message in errors:
+        print(f"could not remove {message}")
+    return 1 if errors else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -153,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command == "doctor":
+        return _doctor(args.remove)
     if args.classes > args.images:
         args.error(f"--classes {args.classes} is more than --images {args.images}")
     from .demo import DemoOptions, run_demo  # torch: imported only when the demo runs

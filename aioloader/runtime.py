@@ -4,7 +4,8 @@ reader's threads, the decode processes, the collate thread and the bridging thre
 :class:`Runtime` starts them together and :meth:`Runtime.shutdown` stops them all, in an
 order that cannot hang: cancel the run, stop the bridge, cancel every task on the loop, stop
 the loop, then stop the workers with a bounded grace period. Shutdown is idempotent and is
-also reached from ``weakref.finalize`` (garbage collection) and at interpreter exit.
+also reached from ``weakref.finalize`` (garbage collection), at interpreter exit and on
+SIGTERM (:mod:`.sigterm`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from . import gcfreeze
+from . import gcfreeze, sigterm
 from .bridge import Bridge, Run
 from .config import LoaderConfig
 from .dataset import FileDataset
@@ -99,9 +100,14 @@ _live: weakref.WeakSet[Runtime] = weakref.WeakSet()
 _exit_hook_installed = False
 
 
-def _shutdown_all() -> None:
+def _shutdown_all(grace: float = 2.0) -> None:
     for rt in list(_live):
-        rt.shutdown()
+        rt.shutdown(grace)
+
+
+def _shutdown_all_now() -> None:
+    """SIGTERM's way out (:mod:`.sigterm`): hung workers get a short grace period."""
+    _shutdown_all(grace=0.3)
 
 
 def io_concurrency_for_fd_limit(wanted: int, num_workers: int = 0) -> int:
@@ -131,9 +137,11 @@ class Runtime:
 
     def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
         gcfreeze.hold()  # before the zygote's fork, which then shares the frozen pages
+        sigterm.hold(_shutdown_all_now)
         try:
             self._start(config, dataset, counters)
         except BaseException:
+            sigterm.release()
             gcfreeze.release()
             raise
 
@@ -244,4 +252,5 @@ class Runtime:
             if self.slabs is not None:
                 self.slabs.close()
         finally:
+            sigterm.release()
             gcfreeze.release()

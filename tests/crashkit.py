@@ -2,7 +2,8 @@
 
 :func:`run_case` starts a trainer (aioloader's ``Loader`` or, for comparison,
 ``torch.utils.data.DataLoader``; ``aioloader-forkserver`` is aioloader with its workers
-from the stock fork server, as where no zygote can be made) in a session of its own, waits
+from the stock fork server, as where no zygote can be made, and ``aioloader-thread`` one
+started from a thread that has ended by the kill) in a session of its own, waits
 until it reports the moment named by the phase, kills the trainer's process alone (as the
 OOM killer or a scheduler's preemption does: its helpers are left to notice), and watches for up to ``limit``
 seconds until no process of the session, no shared-memory segment of the trainer's pid and
@@ -32,7 +33,7 @@ from helpers import shm_segments, start_script
 __all__ = ["KINDS", "PHASES", "Outcome", "run_case", "semaphores"]
 
 PHASES = ("start", "mid-epoch", "hung-decode", "close", "held-batch")
-KINDS = ("aioloader", "aioloader-forkserver", "dataloader")
+KINDS = ("aioloader", "aioloader-forkserver", "aioloader-thread", "dataloader")
 
 # Seconds between "ready" and the kill: into close() (which waits 2 s for hung workers),
 # else at once.
@@ -88,7 +89,11 @@ def make():
 
 if __name__ == "__main__":
     loader = make()
-    if KIND.startswith("aioloader"):
+    if KIND == "aioloader-thread":  # started (zygote forked) from a thread that then ends
+        starter = threading.Thread(target=loader.start)
+        starter.start()
+        starter.join()
+    elif KIND.startswith("aioloader"):
         loader.start()
     it = iter(loader)  # DataLoader starts its workers here
     if PHASE == "start":

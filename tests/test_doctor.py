@@ -1,0 +1,110 @@
+"""``aioloader doctor``: finds what a dead loader left in shared memory, removes it with
+``--remove``, and never touches a running loader's names."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from crashkit import semaphores
+from helpers import decode_number, script_env, session_survivors, shm_segments, start_script
+
+from aioloader import Loader, doctor
+
+HOLDER = """
+import time
+import aioloader
+from helpers import decode_number
+
+if __name__ == "__main__":
+    loader = aioloader.Loader({paths!r}, batch_size=4, decode=decode_number, num_workers=1)
+    held = next(iter(loader))
+    print("ready", flush=True)
+    time.sleep(3600)
+"""
+
+
+def _doctor(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "aioloader", "doctor", *args],
+        capture_output=True,
+        text=True,
+        env=script_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_doctor_removes_what_a_whole_killed_process_group_left(numbered: list[str], tmp_path: Path) -> None:
+    proc = start_script(tmp_path / "holder.py", HOLDER.format(paths=numbered))
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    # The whole group at once, resource tracker included (a cgroup's OOM kill): the one way
+    # left to leave names behind, and what the doctor is for.
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert session_survivors(proc.pid) == []
+    segments = shm_segments(proc.pid)
+    sems = {n for n in semaphores() if n.startswith(f"sem.mp-aioloader-{proc.pid}-")}
+    assert segments and len(sems) == 5
+    try:
+        with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1) as loader:
+            # A running loader's names, quiet after its epoch: listed as in use, and kept.
+            batches = list(loader)
+            mine = shm_segments()
+            assert mine
+            listed = _doctor()
+            for name in segments | sems:
+                assert f"{name} " in listed and f"pid {proc.pid} is gone" in listed
+            assert f"in use by running process {os.getpid()}: left alone" in listed
+            assert "aioloader doctor --remove" in listed
+            removed = _doctor("--remove")
+            assert f"removed {len(segments | sems)} leftovers" in removed
+            assert shm_segments(proc.pid) == set()
+            assert not {n for n in semaphores() if n.startswith(f"sem.mp-aioloader-{proc.pid}-")}
+            assert shm_segments() == mine
+            assert sorted(int(v) for b in batches for v in b) == list(range(37))
+    finally:
+        for name in shm_segments(proc.pid) | sems:
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except FileNotFoundError:
+                pass
+
+
+def test_the_report_lists_leftovers_and_counts_names_in_use() -> None:
+    entries = [
+        doctor.Entry("aioloader-41-0-aaaa", 41, "segment", 13_421_772, alive=False),
+        doctor.Entry("sem.mp-aioloader-41-bbbb", 41, "semaphore", 32, alive=False),
+        doctor.Entry("aioloader-7-0-cccc", 7, "segment", 1024, alive=True),
+    ]
+    text = doctor.report(entries)
+    assert "aioloader-41-0-aaaa" in text and "12.8 MiB" in text and "pid 41 is gone" in text
+    assert "aioloader-7-0-cccc" not in text and "1 in use by running process 7" in text
+    assert "2 leftovers of 1 dead process (12.8 MiB)." in text
+    assert "no leftovers" in doctor.report(entries[2:])
+
+
+def test_only_names_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    gone, me = int(dead.stdout), os.getpid()
+    (tmp_path / f"aioloader-{gone}-0-dead").write_bytes(b"x" * 10)
+    (tmp_path / f"aioloader-{me}-0-live").write_bytes(b"x")
+    (tmp_path / "not-ours").write_bytes(b"x")
+    entries = doctor.scan(str(tmp_path))
+    expected = [
+        (f"aioloader-{os.getpid()}-0-live", os.getpid(), True),
+        (f"aioloader-{gone}-0-dead", gone, False),
+    ]
+    assert [(e.name, e.pid, e.alive) for e in entries] == sorted(expected, key=lambda t: t[1])
+    removed, errors = doctor.remove(entries, str(tmp_path))
+    assert [e.name for e in removed] == [f"aioloader-{gone}-0-dead"] and errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"aioloader-{os.getpid()}-0-live", "not-ours"]
+    )
