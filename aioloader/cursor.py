@@ -13,6 +13,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from . import sigterm
 from .bridge import Run
 from .errors import LoaderClosedError, LoaderError
 from .handoff import Closed
@@ -56,6 +57,7 @@ class Cursor:
         self.runtime.check_owner()
         if self.is_closed():
             self.done = True
+            sigterm.uninstall()  # the loader was closed on another thread: tidy up here
             raise LoaderClosedError(CLOSED_MESSAGE)
         if self.run.cancelled and not self.done:
             self.done = True
@@ -88,6 +90,7 @@ class Cursor:
         """The error for a hand-off that closed under the consumer."""
         self.done = True
         if self.is_closed():
+            sigterm.uninstall()  # the loader was closed on another thread: tidy up here
             return LoaderClosedError(CLOSED_MESSAGE)
         return LoaderError(SUPERSEDED_MESSAGE)
 

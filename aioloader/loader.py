@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from . import sigterm
 from .config import LoaderConfig, OnError
 from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from .dataset import FileDataset, StrPath
@@ -255,6 +256,7 @@ class Loader:
     async def aclose(self) -> None:
         """:meth:`close` without blocking the caller's event loop. Idempotent."""
         await in_thread(self.close)
+        sigterm.uninstall()  # back on the caller's thread, usually the main one
 
     def __enter__(self) -> Loader:
         return self.start()
@@ -266,6 +268,7 @@ class Loader:
 
     async def __aenter__(self) -> Loader:
         await in_thread(self.start)
+        sigterm.install()  # back on the caller's thread, usually the main one
         return self
 
     async def __aexit__(

@@ -21,7 +21,7 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from . import gcfreeze, sigterm
+from . import gcfreeze, sigterm, threads
 from .bridge import Bridge, Run
 from .config import LoaderConfig
 from .dataset import FileDataset
@@ -60,8 +60,7 @@ class EventLoopThread:
 
     def __init__(self) -> None:
         self.loop = _new_loop()
-        self.thread = threading.Thread(target=self._main, name="aioloader-loop", daemon=True)
-        self.thread.start()
+        self.thread = threads.start(threading.Thread(target=self._main, name="aioloader-loop", daemon=True))
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -137,13 +136,14 @@ class Runtime:
 
     def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
         gcfreeze.hold()  # before the zygote's fork, which then shares the frozen pages
-        sigterm.hold(_shutdown_all_now)
         try:
             self._start(config, dataset, counters)
         except BaseException:
-            sigterm.release()
             gcfreeze.release()
             raise
+        # After the zygote's fork: the first hold may start the aioloader-signals thread,
+        # and the zygote is only forked from a process without loader threads.
+        sigterm.hold(_shutdown_all_now)
 
     def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
         global _exit_hook_installed
@@ -228,9 +228,12 @@ class Runtime:
             self._closed = True
             run, self.run = self.run, None
         _live.discard(self)
+        # Before anything stops: an iterator woken by this close, on the main thread, then
+        # finds no loader open and puts SIGTERM's default back (this may be another thread).
+        sigterm.release()
         if threading.current_thread() in (self.loop_thread.thread, self.bridge.thread):
             # Reached from a finalizer on one of our own threads: it cannot join itself.
-            threading.Thread(target=self._stop_all, args=(run, grace), name="aioloader-reaper").start()
+            threads.start(threading.Thread(target=self._stop_all, args=(run, grace), name="aioloader-reaper"))
             return
         self._stop_all(run, grace)
 
@@ -252,5 +255,4 @@ class Runtime:
             if self.slabs is not None:
                 self.slabs.close()
         finally:
-            sigterm.release()
             gcfreeze.release()

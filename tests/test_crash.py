@@ -136,15 +136,51 @@ def test_semaphores_carry_the_pid_and_go_with_the_loader(files: list[str]) -> No
 # -- SIGTERM: close, then die of it, unless the user decides -------------------------------------
 
 
+def _signal_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "aioloader-signals"]
+
+
+def _wakeup_fd() -> int:
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd
+
+
 def test_the_sigterm_handler_is_ours_only_while_a_loader_is_open(files: list[str]) -> None:
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     with Loader(files, batch_size=8, decode=None) as loader:
         assert signal.getsignal(signal.SIGTERM) is sigterm._on_sigterm
+        # The watcher that handles it when the main thread is stuck in a blocking call.
+        assert _signal_threads() == ["aioloader-signals"] and _wakeup_fd() != -1
         with Loader(files, batch_size=8, decode=None):
             pass
         assert signal.getsignal(signal.SIGTERM) is sigterm._on_sigterm  # one still open
         assert len(next(iter(loader))) == 8
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert _signal_threads() == [] and _wakeup_fd() == -1
+
+
+@pytest.mark.asyncio
+async def test_async_with_installs_and_removes_it_on_the_callers_thread(files: list[str]) -> None:
+    async with Loader(files, batch_size=8, decode=None) as loader:
+        assert signal.getsignal(signal.SIGTERM) is sigterm._on_sigterm
+        assert len([b async for b in loader]) == 8
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and _signal_threads() == []
+
+
+def test_an_existing_wakeup_fd_is_left_alone(files: list[str]) -> None:
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    try:
+        with Loader(files, batch_size=8, decode=None):
+            assert signal.getsignal(signal.SIGTERM) is sigterm._on_sigterm
+            assert _wakeup_fd() == w and _signal_threads() == []
+        assert _wakeup_fd() == w
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(r)
+        os.close(w)
 
 
 def test_a_users_sigterm_handler_is_never_replaced_or_removed(files: list[str]) -> None:
@@ -207,3 +243,44 @@ def test_sigterm_with_a_users_handler_does_what_the_user_says(files: list[str], 
     assert "leaked" not in err and "Traceback" not in err, err
     assert session_survivors(proc.pid) == []
     assert shm_segments(proc.pid) == set()
+
+
+SELF_DESTRUCT = """
+import ctypes, os, sys
+import aioloader
+from faults import Fault
+
+if __name__ == "__main__":
+    decode = Fault("hang", set(range(8, 64)), seconds=3600)  # decodes in flight, some hung
+    loader = aioloader.Loader({paths!r}, batch_size=4, decode=decode, num_workers=2, shuffle=False)
+    it = iter(loader)
+    held = next(it)
+    if sys.argv[1] == "exit":
+        os._exit(3)
+    ctypes.string_at(0)  # SIGSEGV
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "segfault"])
+def test_a_trainer_that_ends_itself_leaves_nothing(files: list[str], tmp_path: Path, how: str) -> None:
+    path = tmp_path / "self_destruct.py"
+    path.write_text(textwrap.dedent(SELF_DESTRUCT).format(paths=files))
+    sems_before = semaphores()
+    proc = subprocess.Popen(
+        [sys.executable, str(path), how],
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        proc.wait(timeout=60)
+        assert proc.returncode == (3 if how == "exit" else -signal.SIGSEGV)
+        assert session_survivors(proc.pid) == []
+        deadline = time.monotonic() + 5
+        while (shm_segments(proc.pid) or semaphores() - sems_before) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert shm_segments(proc.pid) == set() and semaphores() - sems_before == set()
+    finally:
+        kill_session(proc)

@@ -63,7 +63,9 @@ def test_doctor_removes_what_a_whole_killed_process_group_left(numbered: list[st
             assert f"in use by running process {os.getpid()}: left alone" in listed
             assert "aioloader doctor --remove" in listed
             removed = _doctor("--remove")
-            assert f"removed {len(segments | sems)} leftovers" in removed
+            # (Leftovers of other dead processes, of scripts other tests killed whole, go too.)
+            count = int(removed.rsplit("removed ", 1)[1].split()[0])
+            assert count >= len(segments | sems)
             assert shm_segments(proc.pid) == set()
             assert not {n for n in semaphores() if n.startswith(f"sem.mp-aioloader-{proc.pid}-")}
             assert shm_segments() == mine

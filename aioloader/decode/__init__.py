@@ -6,8 +6,9 @@
 | ``protocol.py`` | what crosses to a worker: the ``Chunk`` task, typed row results, the status table |
 | ``layout.py`` | pure: where samples go in a slab; the layout learned from the samples themselves |
 | ``slabs.py`` | shared-memory batch slabs and their pool |
-| ``worker.py`` | what runs inside a worker: installed ``decode``, ``sample_rng``, writing into slabs |
+| ``worker.py`` | inside a worker: the installed ``decode``, ``sample_rng``, slab writes, its lifeline |
 | ``pool.py`` | the worker processes: forkserver start in the background, crash recovery, bounded shutdown |
+| ``zygote.py`` | the fork server forked from the trainer before any loader thread; ends with the trainer |
 | ``slots.py`` | decode slots granted in epoch order (no head-of-line blocking) |
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |
 
