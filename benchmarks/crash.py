@@ -6,7 +6,8 @@ alone, and one moment (phase: start, mid-epoch, hung-decode, close, held-batch; 
 crashkit.py). A run *leaks* when, ``--limit`` seconds after the kill, a process of the
 trainer's session, a ``/dev/shm/aioloader-<pid>-*`` segment or a new POSIX semaphore is
 still there. The time is from the kill to the moment the last of them is gone (runs that
-leak are left out of it). Zombies count as gone: they have exited.
+leak are left out of it). Zombies count as gone: they have exited. The last column counts
+runs whose stderr shows a traceback (a helper complaining as it dies).
 
     python benchmarks/crash.py [--rounds 20] [--kinds aioloader,dataloader] [--phases ...]
                                [--signals SIGKILL,SIGTERM] [--limit 5] [--out FILE]
@@ -67,8 +68,8 @@ def main() -> None:
         f"Python {sys.version.split()[0]}",
         "",
         "| loader | signal | killed during | runs | leaked runs (processes / segments / semaphores) "
-        "| kill to clean, median ms | max ms |",
-        "|---|---|---|---:|---|---:|---:|",
+        "| kill to clean, median ms | max ms | runs with a traceback |",
+        "|---|---|---|---:|---|---:|---:|---:|",
     ]
     for (kind, sig_name, phase), outcomes in results.items():
         procs = sum(bool(o.survivors) for o in outcomes)
@@ -80,7 +81,7 @@ def main() -> None:
         worst = f"{max(clean):.0f}" if clean else "-"
         lines.append(
             f"| {kind} | {sig_name} | {phase} | {len(outcomes)} | {leaked} ({procs} / {segs} / {sems}) "
-            f"| {med} | {worst} |"
+            f"| {med} | {worst} | {sum('Traceback' in o.stderr for o in outcomes)} |"
         )
     total = {
         kind: sum(o.leaked for (k, _, _), os_ in results.items() if k == kind for o in os_) for kind in kinds

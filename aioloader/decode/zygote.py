@@ -107,6 +107,10 @@ def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
         # may be one of those closed below and then reused (by a slab's mapping, say).
         if faulthandler.is_enabled():
             faulthandler.enable(file=sys.__stderr__ or 2, all_threads=True)
+        # A worker being forked when the trainer dies finds its start-up data cut short
+        # (EOFError, reported by the fork-server loop through sys.excepthook): nobody is
+        # left to start it for, or to read a traceback about it.
+        sys.excepthook = _quiet_when_orphaned
         # Pipes and sockets of the trainer are closed: a copy held here would keep their
         # other end from ever seeing end-of-file. Other files stay open, as after any fork:
         # objects copied from the trainer (a log handler, say) may still write to them, and
@@ -125,6 +129,11 @@ def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
         code = 1
     finally:
         os._exit(code)
+
+
+def _quiet_when_orphaned(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    if not issubclass(kind, EOFError):
+        sys.__excepthook__(kind, value, tb)
 
 
 def _is_pipe_or_socket(fd: int) -> bool:
