@@ -13,7 +13,6 @@ import concurrent.futures
 import queue
 import threading
 
-from . import threads
 from .device import DeviceCopier
 from .errors import LoaderError
 from .handoff import Handoff
@@ -78,7 +77,7 @@ class Bridge:
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="aioloader-transfer", daemon=True)
-        threads.start(self.thread)
+        self.thread.start()
         self._started.wait()
         if self._start_error is not None:
             raise LoaderError(f"cannot start the transfer thread for {copier.device}") from self._start_error

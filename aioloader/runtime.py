@@ -21,7 +21,7 @@ from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from . import gcfreeze, sigterm, threads
+from . import gcfreeze, sigterm
 from .bridge import Bridge, Run
 from .config import LoaderConfig
 from .dataset import FileDataset
@@ -60,7 +60,8 @@ class EventLoopThread:
 
     def __init__(self) -> None:
         self.loop = _new_loop()
-        self.thread = threads.start(threading.Thread(target=self._main, name="aioloader-loop", daemon=True))
+        self.thread = threading.Thread(target=self._main, name="aioloader-loop", daemon=True)
+        self.thread.start()
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -233,7 +234,7 @@ class Runtime:
         sigterm.release()
         if threading.current_thread() in (self.loop_thread.thread, self.bridge.thread):
             # Reached from a finalizer on one of our own threads: it cannot join itself.
-            threads.start(threading.Thread(target=self._stop_all, args=(run, grace), name="aioloader-reaper"))
+            threading.Thread(target=self._stop_all, args=(run, grace), name="aioloader-reaper").start()
             return
         self._stop_all(run, grace)
 

@@ -17,13 +17,14 @@ as it is (its helpers still end with the process: :mod:`.lifeline`).
 
 Python runs a signal handler on the main thread, between two bytecodes. A main thread that
 entered a blocking call (``time.sleep``, a lock, a C extension's wait) just after the signal
-arrived runs it only once that call returns, which may be never (seen: 5 SIGTERMs in 200
-left unhandled by a trainer asleep). So the handler is also reached from a thread of ours,
-``aioloader-signals``, woken by the signal's byte on :func:`signal.set_wakeup_fd`'s pipe
-(written by the C-level handler whatever the main thread does); whichever comes first acts.
-That thread and its pipe exist while the handler is installed, where no other wakeup fd is
-set (an asyncio loop's own, say: then the main thread alone handles it). The closing itself runs on
-a thread of its own (``aioloader-sigterm``), as the main thread may be inside the loader's
+arrived, or while the kernel handed the signal to another thread, runs it only once that
+call returns, which may be never (seen: 5 SIGTERMs in 200 left unhandled by a trainer
+asleep). So the handler is also reached from a thread of ours, ``aioloader-signals``, woken
+by the signal's byte on :func:`signal.set_wakeup_fd`'s pipe (written by the C-level
+handler, on whichever thread got the signal); whichever comes first acts. That thread and
+its pipe exist while the handler is installed, where no other wakeup fd is set (an asyncio
+loop's own, say: then the main thread alone handles it). The closing itself runs on a
+thread of its own (``aioloader-sigterm``), as the main thread may be inside the loader's
 code holding one of its locks, for at most :data:`CLOSE_LIMIT` seconds.
 """
 
@@ -36,8 +37,6 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-
-from . import threads
 
 __all__ = ["CLOSE_LIMIT", "hold", "install", "release", "uninstall"]
 
@@ -115,7 +114,8 @@ def _start_watcher() -> None:
         os.close(w)
         return
     thread = threading.Thread(target=_watch, args=(r,), name="aioloader-signals", daemon=True)
-    _watcher = (threads.start(thread), r, w)
+    thread.start()
+    _watcher = (thread, r, w)
 
 
 def _stop_watcher() -> None:

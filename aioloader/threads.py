@@ -11,41 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import signal
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-__all__ = ["DaemonThreadPool", "in_thread", "start"]
+__all__ = ["DaemonThreadPool", "in_thread"]
 
 T = TypeVar("T")
 _Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
-
-
-_QUIET = {signal.SIGINT, signal.SIGTERM}
-
-
-def start(thread: threading.Thread) -> threading.Thread:
-    """Start ``thread`` with SIGINT and SIGTERM blocked in it, and so in every thread it
-    starts (a new thread inherits its creator's mask).
-
-    The kernel hands a process-directed signal to any thread that does not block it. Had it
-    picked one of ours, Python would note the signal there, but its handler runs only on the
-    main thread, and only once that thread next runs Python code: a trainer asleep in
-    ``time.sleep`` or a C call would not see its Ctrl-C, or the loader's SIGTERM handler,
-    until it woke (seen: 3 SIGTERMs in 20 left unhandled). Blocked here, they always go
-    to a thread of the user's."""
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
-        thread.start()
-        return thread
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _QUIET)
-    try:
-        thread.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-    return thread
 
 
 class DaemonThreadPool(Executor):
@@ -71,7 +46,7 @@ class DaemonThreadPool(Executor):
                     target=self._run, name=f"{self._prefix}_{len(self._threads)}", daemon=True
                 )
                 self._threads.append(t)
-                start(t)
+                t.start()
             else:
                 self._idle = max(0, self._idle - 1)
         return fut
@@ -131,7 +106,8 @@ async def in_thread(fn: Callable[[], object]) -> None:
         else:
             loop.call_soon_threadsafe(settle, done, None)
 
-    thread = start(threading.Thread(target=target, name="aioloader-lifecycle", daemon=True))
+    thread = threading.Thread(target=target, name="aioloader-lifecycle", daemon=True)
+    thread.start()
     # Shielded: if the awaiting task is cancelled, the call still runs to its end.
     await asyncio.shield(done)
     thread.join()  # it has settled ``done``: only its last instructions are left

@@ -26,7 +26,6 @@ from multiprocessing.context import BaseContext
 from types import ModuleType
 from typing import Any
 
-from .. import threads
 from ..errors import WorkerCrashedError
 from . import worker as _worker
 from . import zygote
@@ -121,7 +120,7 @@ class DecodePool:
         # loader's start() returns at once and the first reads (and, for ImageDecoder, the
         # first decodes: see engine.py) run meanwhile.
         self._starter = threading.Thread(target=self._first_start, name="aioloader-start", daemon=True)
-        threads.start(self._starter)
+        self._starter.start()
 
     def _first_start(self) -> None:
         try:

@@ -68,10 +68,6 @@ def worker_init(decode: Callable[[bytes], Any]) -> None:
     # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group,
     # and workers that died of it would print tracebacks and break the pool mid-close.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Started from one of the loader's threads (directly, or by a fork server one of them
-    # started), this process inherited their blocked SIGINT and SIGTERM (threads.start):
-    # the pool's terminate() must reach it.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch = sys.modules.get("torch")  # imported by the trainer (zygote) or the decoder
     if torch is not None:

@@ -100,9 +100,6 @@ def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
         gc.freeze()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)  # the trainer's handlers are not ours
-        # Forked from one of the loader's threads (``async with`` starts there), the zygote
-        # would keep their blocked SIGINT and SIGTERM (threads.start), and pass them on.
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
         # faulthandler writes a crashing worker's traceback to the fd it was given, which
         # may be one of those closed below and then reused (by a slab's mapping, say).
         if faulthandler.is_enabled():
