@@ -55,6 +55,9 @@ from aioloader.decode.pool import mp_context
 from aioloader.synthetic import make_image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from helpers import process_tree as descendants
+from helpers import shared_helper_pids as helper_pids
 from throughput import loadavg, machine
 
 SHM = "/dev/shm"
@@ -120,43 +123,6 @@ def expected_hashes(paths: list[str], damage: dict[int, str], decode: ImageDecod
 
 
 # -- process, fd, thread and memory probes --------------------------------------------------
-
-
-def helper_pids() -> set[int]:
-    """aioloader's zygote, the fork server and the resource tracker: one per Python process
-    by design, shared by all loaders, not something a loader leaks."""
-    pids = set()
-    for pid in (
-        zygote.pid(),
-        getattr(forkserver._forkserver, "_forkserver_pid", None),
-        getattr(resource_tracker._resource_tracker, "_pid", None),
-    ):
-        if pid:
-            pids.add(pid)
-    return pids
-
-
-def descendants() -> set[int]:
-    """Live (non-zombie) descendants of this process, from ``/proc`` (workers are children
-    of the fork server, not of this process)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out: set[int] = set()
-    todo = [os.getpid()]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
 
 
 def fds() -> set[str]:

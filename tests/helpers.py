@@ -184,7 +184,7 @@ class FailingImage:
 # (tests check what a loader started through /proc and /dev/shm, never its internals)
 
 
-def _shared_helper_pids() -> set[int]:
+def shared_helper_pids() -> set[int]:
     """The process-wide helpers: aioloader's zygote and multiprocessing's fork server (the
     workers' parent) and resource tracker. They outlive every loader by design."""
     from multiprocessing import forkserver, resource_tracker
@@ -209,11 +209,10 @@ def _proc_stat(pid: int | str) -> list[str] | None:
         return None
 
 
-def descendants() -> set[int]:
-    """Live (non-zombie) descendants of this process, from the ppid chains in /proc, less
-    the fork server and the resource tracker. A loader's workers are among them however they
-    were started: children of the fork server (so grandchildren of this process) or, with
-    ``spawn``, children."""
+def process_tree() -> set[int]:
+    """Live (non-zombie) descendants of this process, from the ppid chains in /proc. A
+    loader's workers are among them however they were started: children of the fork server
+    (so grandchildren of this process) or, with ``spawn``, children."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -228,7 +227,12 @@ def descendants() -> set[int]:
         for child in children.get(todo.pop(), []):
             out.add(child)
             todo.append(child)
-    return out - _shared_helper_pids()
+    return out
+
+
+def descendants() -> set[int]:
+    """:func:`process_tree` less the process-wide helpers (:func:`shared_helper_pids`)."""
+    return process_tree() - shared_helper_pids()
 
 
 def is_gone(pid: int) -> bool:
