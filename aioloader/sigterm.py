@@ -99,7 +99,7 @@ def _start_watcher() -> None:
     """The ``aioloader-signals`` thread and its wakeup pipe, where no wakeup fd is set yet
     (an asyncio loop's own, say: the main thread alone then handles SIGTERM)."""
     global _watcher
-    if _watcher is not None or not hasattr(signal, "pthread_sigmask"):  # Windows: none
+    if _watcher is not None or os.name != "posix":
         return
     r, w = os.pipe()
     os.set_blocking(w, False)
