@@ -120,6 +120,26 @@ def test_tracker_goes_varying_when_the_first_batch_disagrees() -> None:
     assert tracker.out_bytes_per_sample() >= 12
 
 
+def test_tracker_judges_pickled_batches_against_a_layout_learned_since() -> None:
+    """Batches begun before any layout was known come back pickled. When a last batch of
+    one sample finishes first and teaches a fixed layout, the full batches that follow it
+    must still be able to show the shapes vary (or a whole epoch of slabs gets rows blocks
+    that most samples miss, and no output area)."""
+    tracker = LayoutTracker()
+    ragged = [describe(np.zeros((n % 4 + 1, 2), np.int16))[::2] for n in range(6)]
+    tracker.observe(ragged[:1], fitted=0, slab_sample=None)
+    assert tracker.sample == SampleLayout(*ragged[0])
+    # Two of six match: the rest miss it by far more than a quarter.
+    tracker.observe(ragged, fitted=0, slab_sample=None)
+    assert tracker.varying and tracker.sample is None
+    # Mostly matching pickled samples keep it.
+    steady = LayoutTracker()
+    same = describe(np.zeros((2, 2), np.int16))[::2]
+    steady.observe([same], fitted=0, slab_sample=None)
+    steady.observe([same] * 5 + ragged[:1], fitted=0, slab_sample=None)
+    assert steady.sample == SampleLayout(*same) and not steady.varying
+
+
 def test_tracker_ignores_samples_without_arrays() -> None:
     tracker = LayoutTracker()
     tracker.observe([describe(b"raw")[::2], describe(3)[::2]], fitted=0, slab_sample=None)

@@ -160,7 +160,8 @@ class LayoutTracker:
     ) -> None:
         """One batch: the layouts of its samples that were *not* written into rows blocks
         (pickled or in the output area), ``fitted``, how many were, and the rows layout its
-        slab had (misses count only against the layout they were offered)."""
+        slab had (misses count against the layout they were offered; the samples of a slab
+        made before any layout was learned are judged against the one learned since)."""
         for _, specs in layouts:
             need = sum(align(s.nbytes) for s in specs if s is not None)
             self._per_sample = max(self._per_sample, need)
@@ -173,7 +174,19 @@ class LayoutTracker:
                 self.sample = SampleLayout(*first)
             else:
                 self.varying = True
-        elif slab_sample == self.sample and len(arrays) * 4 > len(arrays) + fitted:
+            return
+        if slab_sample is None:
+            # A slab made before the layout was learned (every sample came pickled): judge
+            # its samples against the layout now, or a layout learned from one small batch
+            # that finished first (a last batch of one sample) would outlive a whole epoch of
+            # samples that miss it.
+            fits = sum(1 for a in arrays if SampleLayout(*a) == self.sample)
+            missed, fitted = len(arrays) - fits, fitted + fits
+        elif slab_sample == self.sample:
+            missed = len(arrays)
+        else:
+            return  # offered another layout: says nothing about this one
+        if missed * 4 > missed + fitted:
             self.sample, self.varying = None, True
 
     def out_bytes_per_sample(self) -> int:
