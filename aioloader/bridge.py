@@ -12,13 +12,26 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+from typing import Protocol
 
 from .device import DeviceCopier
 from .errors import LoaderError
 from .handoff import Handoff
 from .items import Batch, End, Failure, Item
 
-__all__ = ["Bridge", "Run"]
+__all__ = ["Bridge", "Run", "Source"]
+
+
+class Source(Protocol):
+    """What the bridge serves: a :class:`Run` on this process's loop, or a
+    :class:`~aioloader.procruntime.PipeRun` from a loader process."""
+
+    handoff: Handoff[Item]
+    cancelled: bool
+
+    def next_ready(self) -> Item | None: ...
+
+    def cancel(self) -> None: ...
 
 
 class Run:
@@ -73,7 +86,7 @@ class Bridge:
 
     def __init__(self, copier: DeviceCopier) -> None:
         self.copier = copier
-        self._runs: queue.SimpleQueue[Run | None] = queue.SimpleQueue()
+        self._runs: queue.SimpleQueue[Source | None] = queue.SimpleQueue()
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, name="aioloader-transfer", daemon=True)
@@ -82,7 +95,7 @@ class Bridge:
         if self._start_error is not None:
             raise LoaderError(f"cannot start the transfer thread for {copier.device}") from self._start_error
 
-    def serve(self, run: Run) -> None:
+    def serve(self, run: Source) -> None:
         self._runs.put(run)
 
     def stop(self, timeout: float) -> None:
@@ -104,7 +117,7 @@ class Bridge:
         finally:
             self.copier.close()
 
-    def _serve(self, run: Run) -> None:
+    def _serve(self, run: Source) -> None:
         try:
             while (item := run.next_ready()) is not None:
                 if isinstance(item, Batch):

@@ -105,6 +105,7 @@ class LoaderConfig:
     rank: int = 0
     world_size: int = 1
     pad_shards: bool = True
+    loader_process: bool = False
 
     @classmethod
     def create(
@@ -132,6 +133,7 @@ class LoaderConfig:
         rank: object = None,
         world_size: object = None,
         pad_shards: object = True,
+        loader_process: object = False,
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
@@ -147,6 +149,7 @@ class LoaderConfig:
             ("ordered", ordered),
             ("zero_copy", zero_copy),
             ("pad_shards", pad_shards),
+            ("loader_process", loader_process),
         )
         for name, flag in flags:
             if not isinstance(flag, bool):
@@ -208,4 +211,5 @@ class LoaderConfig:
             rank=the_rank,
             world_size=the_world,
             pad_shards=bool(pad_shards),
+            loader_process=bool(loader_process),
         )

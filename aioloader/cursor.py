@@ -14,10 +14,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from . import sigterm
-from .bridge import Run
+from .bridge import Source
 from .errors import LoaderClosedError, LoaderError
 from .handoff import Closed
 from .items import Batch, End, Failure, Item
+from .procruntime import ProcessRuntime
 from .resume import Progress
 from .runtime import Runtime
 from .stats import Counters
@@ -36,8 +37,8 @@ class Cursor:
 
     def __init__(
         self,
-        runtime: Runtime,
-        run: Run,
+        runtime: Runtime | ProcessRuntime,
+        run: Source,
         progress: Progress,
         counters: Counters,
         is_closed: Callable[[], bool],

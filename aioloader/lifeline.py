@@ -72,3 +72,22 @@ def exit_when_closed(fd: int) -> threading.Thread:
     thread = threading.Thread(target=watch, name="aioloader-lifeline", daemon=True)
     thread.start()
     return thread
+
+
+def follow_parent() -> None:
+    """In a multiprocessing child (a decode worker, the loader process): exit when the
+    process that asked for it is gone, however that happened."""
+    import multiprocessing as mp
+
+    parent = mp.parent_process()  # the process that asked for this one
+    if parent is None:  # pragma: no cover - a multiprocessing child always has one
+        return
+    if parent.pid != os.getppid():
+        # Forked by a fork server (the zygote or the stock one): single-threaded, so the
+        # kernel's parent-death signal fires exactly when it exits, which it does once the
+        # trainer is gone. (A child spawned by one of the trainer's threads does not ask:
+        # the signal would come when that thread ends.)
+        die_with_parent(os.getppid())
+    # The pipe only the parent process writes to (multiprocessing's "parent sentinel"): end
+    # of file once it is gone, even while this process waits for work that never comes.
+    exit_when_closed(parent.sentinel)

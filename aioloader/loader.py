@@ -10,6 +10,8 @@ pipeline logic of its own.
 from __future__ import annotations
 
 import enum
+import logging
+import pickle
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -24,6 +26,7 @@ from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from .dataset import FileDataset, StrPath
 from .decode.image import ImageDecoder
 from .errors import LoaderClosedError
+from .procruntime import NoZygote, ProcessRuntime
 from .resume import Progress, ResumePoint, check_state, make_state, plan_for
 from .runtime import Runtime
 from .sampler import num_batches, shard_size
@@ -31,6 +34,8 @@ from .stats import Counters, LoaderStats
 from .threads import in_thread
 
 __all__ = ["CLOSED_MESSAGE", "Loader", "State"]
+
+logger = logging.getLogger("aioloader")
 
 
 class State(enum.Enum):
@@ -96,6 +101,15 @@ class Loader:
             batches.
         pad_shards: make shards equal by repeating a few samples (default, like
             ``DistributedSampler``), or by dropping the tail that does not fill a round.
+        loader_process: run the event loop, the reads, the decode pool and ``collate`` in a
+            loader process of their own (forked by the zygote, so it starts in
+            milliseconds); the trainer's process keeps only the bridging thread, and batches
+            cross as references to their shared-memory slabs. This takes the loader's
+            per-batch CPU out of the trainer's process (its GIL included). ``decode``,
+            ``read``, ``collate`` and the dataset must be picklable, and ``read``/``collate``
+            then run in that process: state they change is not the trainer's. Where no zygote
+            can be made (see :mod:`aioloader.decode.zygote`), the loader runs in-process
+            and logs a warning.
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -132,6 +146,7 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         pad_shards: bool = True,
+        loader_process: bool = False,
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -158,6 +173,7 @@ class Loader:
             rank=rank,
             world_size=world_size,
             pad_shards=pad_shards,
+            loader_process=loader_process,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset
@@ -169,7 +185,7 @@ class Loader:
             self._dataset = FileDataset(dataset)
         self._state = State.IDLE
         self._lock = threading.Lock()
-        self._runtime: Runtime | None = None
+        self._runtime: Runtime | ProcessRuntime | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._counters = Counters()
         self._epoch = 0
@@ -228,14 +244,14 @@ class Loader:
         self._runtime_or_start()
         return self
 
-    def _runtime_or_start(self) -> Runtime:
+    def _runtime_or_start(self) -> Runtime | ProcessRuntime:
         with self._lock:
             if self._state is State.CLOSED:
                 raise LoaderClosedError(CLOSED_MESSAGE)
             if self._runtime is not None:
                 self._runtime.check_owner()
             else:
-                runtime = Runtime(self._config, self._dataset, self._counters)
+                runtime = _start_runtime(self._config, self._dataset, self._counters)
                 # The safety net: a loader dropped without close() still stops everything.
                 self._finalizer = weakref.finalize(self, runtime.shutdown)
                 self._runtime = runtime
@@ -287,7 +303,7 @@ class Loader:
         self._resume = None
         self._progress = Progress(self._epoch, len(plan), point)
         self._counters.begin_epoch(self._epoch)
-        run = runtime.start_run(plan)
+        run = runtime.start_run(plan, point)
         return Cursor(runtime, run, self._progress, self._counters, lambda: self._state is State.CLOSED)
 
     # -- resumption -------------------------------------------------------------------------
@@ -330,3 +346,27 @@ class Loader:
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return AsyncIter(self._begin())
+
+
+def _start_runtime(
+    config: LoaderConfig, dataset: FileDataset, counters: Counters
+) -> Runtime | ProcessRuntime:
+    """The runtime ``config`` asks for: in a loader process when ``loader_process`` and a
+    zygote can be made here, else in this process."""
+    if config.loader_process:
+        for what, value in (("decode", config.decode), ("read", config.read), ("collate", config.collate)):
+            try:
+                pickle.dumps(value)
+            except Exception as exc:
+                raise ValueError(
+                    f"loader_process=True needs a picklable {what}, got {value!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        try:
+            return ProcessRuntime(config, dataset, counters)
+        except NoZygote:
+            logger.warning(
+                "loader_process=True: no zygote can be made in this process (not POSIX, an "
+                "unsupported Python, or loader threads already running); loading in-process"
+            )
+    return Runtime(config, dataset, counters)

@@ -12,32 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures.process  # noqa: F401 - its exit hook must be registered before ours
-import dataclasses
-import logging
 import os
 import threading
 import weakref
 from collections.abc import Coroutine
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from . import gcfreeze, sigterm
+from . import gcfreeze, pipeline, sigterm
 from .bridge import Bridge, Run
 from .config import LoaderConfig
 from .dataset import FileDataset
-from .decode.pool import DecodePool
-from .decode.slabs import SlabPool, shm_available
 from .device import DeviceCopier
-from .engine import Engine, declared_layout, window_size
 from .errors import LoaderError
-from .reader import FileReader
+from .resume import ResumePoint
 from .sampler import EpochPlan
 from .stats import Counters
 
 __all__ = ["EventLoopThread", "Runtime"]
 
 T = TypeVar("T")
-logger = logging.getLogger("aioloader")
 
 try:  # uvloop's loop is faster at the many small callbacks of thousands of reads
     import uvloop
@@ -96,8 +89,27 @@ async def _cancel_everything() -> None:
 # Live runtimes, stopped before concurrent.futures joins its threads at interpreter exit
 # (threading's exit hooks run last-registered first): an open loader with reads or decodes
 # in flight would otherwise make that join wait for them.
-_live: weakref.WeakSet[Runtime] = weakref.WeakSet()
+_live: weakref.WeakSet[Stoppable] = weakref.WeakSet()
 _exit_hook_installed = False
+
+
+class Stoppable(Protocol):
+    def shutdown(self, grace: float = 2.0) -> None: ...
+
+
+def register(rt: Stoppable) -> None:
+    """Stop ``rt`` at interpreter exit and on SIGTERM, unless it stopped before."""
+    global _exit_hook_installed
+    _live.add(rt)
+    if not _exit_hook_installed:
+        hook = getattr(threading, "_register_atexit", None)
+        if hook is not None:
+            hook(_shutdown_all)
+        _exit_hook_installed = True
+
+
+def unregister(rt: Stoppable) -> None:
+    _live.discard(rt)
 
 
 def _shutdown_all(grace: float = 2.0) -> None:
@@ -108,28 +120,6 @@ def _shutdown_all(grace: float = 2.0) -> None:
 def _shutdown_all_now() -> None:
     """SIGTERM's way out (:mod:`.sigterm`): hung workers get a short grace period."""
     _shutdown_all(grace=0.3)
-
-
-def io_concurrency_for_fd_limit(wanted: int, num_workers: int = 0) -> int:
-    """``wanted`` reads in flight, or fewer when the open-file limit (``ulimit -n``) would
-    run out: each read holds one fd, each worker process about four in the parent (pipes and
-    its sentinel), and half of what is left stays for everything else."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        in_use = len(os.listdir("/proc/self/fd"))
-    except (ImportError, OSError, ValueError):
-        return wanted
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, (soft - in_use - 16 - 4 * num_workers) // 2))
-
-
-def _fd_soft_limit() -> int:
-    import resource
-
-    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
 class Runtime:
@@ -147,53 +137,22 @@ class Runtime:
         sigterm.hold(_shutdown_all_now)
 
     def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
-        global _exit_hook_installed
         self.owner_pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
-        io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers)
-        if io < config.io_concurrency:
-            logger.warning(
-                "io_concurrency=%d lowered to %d: the open-file limit (ulimit -n) is %d; raise it "
-                "with `ulimit -n` for more reads in flight",
-                config.io_concurrency,
-                io,
-                _fd_soft_limit(),
-            )
-            config = dataclasses.replace(config, io_concurrency=io)
-        self.config = config
-        self.pool = None
-        self.slabs = None
-        if config.decode is not None:
-            self.pool = DecodePool(config.decode, config.num_workers, config.max_worker_restarts)
-            if shm_available():  # else every sample crosses the pipe, pickled
-                # Enough slabs for every batch the pipeline itself holds (under construction,
-                # one being queued, queued, in the bridge, in the hand-off, one whose rows
-                # repacking carries over) and the two a ``for b in loader`` holds around each
-                # ``next()``: the new one, and the old one until ``b`` is rebound.
-                pooled = window_size(config.io_concurrency, config.batch_size) + config.prefetch + 5
-                self.slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode))
-        self.reader = FileReader(
-            config.io_concurrency,
-            config.read,
-            config.read_retries,
-            on_retry=lambda path, exc: counters.retried(),
-        )
-        self.collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
+        self.parts = pipeline.build(config, dataset, counters)
+        self.config = self.parts.config
+        self.pool, self.slabs = self.parts.pool, self.parts.slabs  # for benchmarks/soak.py
+        self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
-        self.engine = Engine(config, dataset, self.reader, self.pool, self.slabs, self.collate_pool, counters)
         self.copier = DeviceCopier(config.device, config.pin_memory)
         self.bridge = Bridge(self.copier)
         self.run: Run | None = None
-        _live.add(self)
-        if not _exit_hook_installed:
-            register = getattr(threading, "_register_atexit", None)
-            if register is not None:
-                register(_shutdown_all)
-            _exit_hook_installed = True
+        register(self)
 
-    def start_run(self, plan: EpochPlan) -> Run:
-        """Cancel the current run, if any, and start producing ``plan`` (does not block)."""
+    def start_run(self, plan: EpochPlan, resume: ResumePoint | None = None) -> Run:
+        """Cancel the current run, if any, and start producing ``plan`` (does not block;
+        ``resume``, the point ``plan`` was made from, matters only to a loader process)."""
         with self._lock:
             if self.run is not None:
                 self.run.cancel()
@@ -228,7 +187,7 @@ class Runtime:
                 return
             self._closed = True
             run, self.run = self.run, None
-        _live.discard(self)
+        unregister(self)
         # Before anything stops: an iterator woken by this close, on the main thread, then
         # finds no loader open and puts SIGTERM's default back (this may be another thread).
         sigterm.release()
@@ -249,11 +208,6 @@ class Runtime:
                 except Exception:  # noqa: BLE001 - stopping the loop below is what matters
                     pass
             self.loop_thread.stop(timeout=grace)
-            if self.pool is not None:
-                self.pool.close(grace)
-            self.reader.close()
-            self.collate_pool.shutdown(wait=True, cancel_futures=True)
-            if self.slabs is not None:
-                self.slabs.close()
+            self.parts.close(grace)
         finally:
             gcfreeze.release()

@@ -7,7 +7,11 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-__all__ = ["Counters", "LoaderStats"]
+__all__ = ["Counters", "LoaderSide", "LoaderStats"]
+
+#: bytes read, samples attempted, failures by reason, last failed paths, read retries,
+#: worker restarts: what a loader process counts for the trainer's counters.
+LoaderSide = tuple[int, int, dict[str, int], tuple[str, ...], int, int]
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class Counters:
         self.epoch_start = time.perf_counter()
         self.epoch_end: float | None = None
         self.first_batch: float | None = None
+        #: Bumped by :meth:`restore`: a loader process must take the restored failures over.
+        self.restores = 0
 
     def begin_epoch(self, epoch: int) -> None:
         with self._lock:
@@ -102,6 +108,11 @@ class Counters:
         with self._lock:
             return sum(self.failures.values()), self.attempted
 
+    def failure_counts_by_reason(self) -> tuple[dict[str, int], int]:
+        """``({reason: failures}, samples attempted)`` over the loader's life."""
+        with self._lock:
+            return dict(self.failures), self.attempted
+
     def set_worker_restarts(self, n: int) -> None:
         with self._lock:
             self.worker_restarts = n
@@ -115,6 +126,34 @@ class Counters:
         with self._lock:
             self.samples, self.batches, self.attempted = samples, batches, attempted
             self.failures = Counter(failures)
+            self.restores += 1
+
+    def restore_failures(self, failures: dict[str, int], attempted: int) -> None:
+        """In a loader process: the failures and attempts the trainer's counters hold."""
+        with self._lock:
+            self.failures, self.attempted = Counter(failures), attempted
+
+    def loader_side(self) -> LoaderSide:
+        """What the loading side counts (bytes, attempts, failures, retries, restarts), for
+        :meth:`absorb` in the trainer's process (``loader_process=True``)."""
+        with self._lock:
+            return (
+                self.bytes_read,
+                self.attempted,
+                dict(self.failures),
+                tuple(self.failed_paths),
+                self.read_retries,
+                self.worker_restarts,
+            )
+
+    def absorb(self, counts: LoaderSide) -> None:
+        """Take over what a loader process counted (:meth:`loader_side`)."""
+        bytes_read, attempted, failures, paths, retries, restarts = counts
+        with self._lock:
+            self.bytes_read, self.attempted = bytes_read, attempted
+            self.failures = Counter(failures)
+            self.failed_paths = deque(paths, maxlen=8)
+            self.read_retries, self.worker_restarts = retries, restarts
 
     def snapshot(self) -> LoaderStats:
         with self._lock:

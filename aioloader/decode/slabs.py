@@ -98,6 +98,8 @@ class Slab:
         self.name = f"{PREFIX}{os.getpid()}-{next(_ids)}-{secrets.token_hex(4)}"
         self.path = os.path.join(SHM_DIR, self.name)
         self._mmap = _create_segment(self.path, layout.size)
+        #: Where the segment is mapped in this process (to find which slab a view is of).
+        self.address = int(np.frombuffer(self._mmap, dtype=np.uint8).ctypes.data)
         view = memoryview(self._mmap)
         self.input = Arena(view[layout.input : layout.input + layout.input_size])
         self._out = Arena(view[layout.out : layout.out + layout.out_size])
@@ -256,6 +258,11 @@ class SlabPool:
                 self._free.append(slab)
             else:
                 self._forget(slab)
+
+    def live_slabs(self) -> list[Slab]:
+        """Every segment that exists now."""
+        with self._lock:
+            return list(self._all.values())
 
     def _forget(self, slab: Slab) -> None:
         self._all.pop(slab.name, None)

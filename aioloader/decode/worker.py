@@ -14,7 +14,6 @@ one that can. Imports NumPy only; torch only if the decoder itself did.
 from __future__ import annotations
 
 import mmap
-import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -64,7 +63,7 @@ def worker_init(decode: Callable[[bytes], Any]) -> None:
     """Pool initialiser: install ``decode``; leave Ctrl-C to the parent; end with the
     trainer's process (see :mod:`aioloader.lifeline`)."""
     global _decode
-    _hold_lifeline()
+    lifeline.follow_parent()
     # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group,
     # and workers that died of it would print tracebacks and break the pool mid-close.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -75,21 +74,6 @@ def worker_init(decode: Callable[[bytes], Any]) -> None:
         # fill the cores, and a pool of spinning OpenMP threads in each would fight them.
         torch.set_num_threads(1)
     _decode = decode
-
-
-def _hold_lifeline() -> None:
-    parent = mp.parent_process()  # the trainer's process: it asked for this worker
-    if parent is None:  # pragma: no cover - a pool's worker always has one
-        return
-    if parent.pid != os.getppid():
-        # Forked by a fork server (the zygote or the stock one): single-threaded, so the
-        # kernel's parent-death signal fires exactly when it exits, which it does once the
-        # trainer is gone. (A worker spawned by one of the trainer's threads does not ask:
-        # the signal would come when that thread ends.)
-        lifeline.die_with_parent(os.getppid())
-    # The pipe only the trainer's process writes to (multiprocessing's "parent sentinel"):
-    # end of file once it is gone, even while this worker waits for a task that never comes.
-    lifeline.exit_when_closed(parent.sentinel)
 
 
 def warm_up() -> int:

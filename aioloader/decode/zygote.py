@@ -46,7 +46,7 @@ from typing import Any
 
 from .. import lifeline
 
-__all__ = ["context", "pid"]
+__all__ = ["address", "adopt", "context", "pid"]
 
 _lock = threading.Lock()
 _server: _Zygote | None = None
@@ -219,3 +219,29 @@ def context() -> ZygoteContext | None:
 def pid() -> int | None:
     """The zygote's pid, if it was started."""
     return _server._forkserver_pid if _server is not None else None
+
+
+def address() -> tuple[Any, int] | None:
+    """``(socket address, pid)`` of this process's zygote, for :func:`adopt` in a process it
+    forks (the loader process); None when there is none."""
+    with _lock:
+        if _context is None or _server is None:
+            return None
+        return _server._forkserver_address, _server._forkserver_pid
+
+
+def adopt(where: tuple[Any, int]) -> None:
+    """In a process the zygote forked (the loader process): ask that zygote, at ``where``
+    (from :func:`address`), for this process's decode workers too. Their lifeline is this
+    process (multiprocessing's parent sentinel); like the trainer's workers, they get the
+    write end of a pipe nobody reads as the fork server's "alive" fd."""
+    global _server, _context, _lock
+    # The trainer held the lock while it forked the zygote: this copy of it is held for ever.
+    _lock = threading.Lock()
+    server = _Zygote()
+    unread_r, unread_w = os.pipe()
+    os.close(unread_r)
+    server._forkserver_address, server._forkserver_pid = where
+    server._forkserver_alive_fd = unread_w
+    with _lock:
+        _server, _context = server, ZygoteContext()

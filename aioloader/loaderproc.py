@@ -1,0 +1,258 @@
+"""The loader process (``loader_process=True``): the event loop, the reads, the decode pool
+and ``collate`` of one loader, away from the trainer's process and its GIL.
+
+It is forked by the zygote (:mod:`.decode.zygote`), so it starts in milliseconds with what
+the trainer had imported, and asks the same zygote for its decode workers
+(:func:`~.decode.zygote.adopt`). It ends with the trainer, however the trainer ends
+(:func:`~.lifeline.follow_parent`). Its event loop runs on its main thread.
+
+Two channels join it to the trainer (:mod:`.procruntime`)::
+
+    trainer --- control Connection: ("run", id, epoch, resume, restore) ("cancel", id)
+                ("close",) --->  loader
+    trainer <-- the same Connection: ("ready",) ("item", id, ...) ("end", id, ...)
+                ("fail", id, ...) ("log", record) -------------------------------  loader
+    trainer --- back pipe, one os.write per line: b"R <slab>" (a batch's views are all
+                garbage) b"C <id>" (the bridge took an item: one more may be sent) --->
+
+Flow control: at most ``prefetch`` items of a run are sent and not yet taken. A batch's
+value is kept here until the trainer reports its slab released, so the slab is not reused
+while the trainer's tensors view it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import pickle
+import signal
+import threading
+from collections import defaultdict, deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+from . import lifeline
+from .config import LoaderConfig
+from .dataset import FileDataset
+from .decode import zygote
+from .errors import LoaderError
+from .items import Batch, End, Failure, Item
+from .pipeline import Pipeline, build
+from .resume import ResumePoint, plan_for
+from .stats import Counters
+from .wire import Located, encode
+
+__all__ = ["main"]
+
+logger = logging.getLogger("aioloader")
+
+
+def main(
+    conn: Connection,
+    back: Connection,
+    config: LoaderConfig,
+    dataset: FileDataset,
+    where: tuple[Any, int] | None,
+) -> None:
+    """The loader process's whole life (the ``target`` the trainer starts it with)."""
+    lifeline.follow_parent()
+    # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()  # what was copied from the trainer is never collected here
+    if where is not None:
+        zygote.adopt(where)
+    send = Sender(conn)
+    _forward_logs(send)
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is optional
+        loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(Host(conn, back, config, dataset, send).serve())
+    finally:
+        loop.close()
+
+
+class Sender:
+    """Sends on the Connection from any thread (the loop's, and a log line's)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: tuple[Any, ...]) -> None:
+        self.raw(pickle.dumps(msg, protocol=5))
+
+    def raw(self, data: bytes) -> None:
+        with self.lock:
+            self.conn.send_bytes(data)
+
+
+def _forward_logs(send: Sender) -> None:
+    """``aioloader`` log records go to the trainer, whose handlers emit them."""
+    log = logging.getLogger("aioloader")
+    for h in list(log.handlers):
+        log.removeHandler(h)
+    log.propagate = False
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                record.msg, record.args = record.getMessage(), None
+                if record.exc_info:
+                    record.exc_text = logging.Formatter().formatException(record.exc_info)
+                    record.exc_info = None
+                send(("log", record))
+            except Exception:  # noqa: BLE001 - a log line must never stop loading
+                pass
+
+    log.addHandler(Forward())
+
+
+class Host:
+    """Serves the trainer's runs with one :class:`~.pipeline.Pipeline`."""
+
+    def __init__(
+        self, conn: Connection, back: Connection, config: LoaderConfig, dataset: FileDataset, send: Sender
+    ) -> None:
+        self.conn = conn
+        self.back = back
+        self.config = config
+        self.dataset = dataset
+        self.send = send
+        self.counters = Counters()
+        self.parts: Pipeline | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.run_id = -1
+        self.credits: asyncio.Semaphore | None = None
+        # The values of batches the trainer still views, by slab name.
+        self.held: defaultdict[str, deque[Any]] = defaultdict(deque)
+        self._partial = b""
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.closed = asyncio.Event()
+        try:
+            self.parts = build(self.config, self.dataset, self.counters)
+        except BaseException as exc:  # noqa: BLE001 - the trainer raises it
+            self.send(("ready", _picklable(exc)))
+            return
+        loop.add_reader(self.conn.fileno(), self._on_control)
+        loop.add_reader(self.back.fileno(), self._on_back)
+        self.send(("ready", None))
+        try:
+            await self.closed.wait()
+        finally:
+            loop.remove_reader(self.conn.fileno())
+            loop.remove_reader(self.back.fileno())
+            await self._stop_run()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5)
+            self.held.clear()
+            self.parts.close(grace=1.0)
+
+    def _on_control(self) -> None:
+        try:
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            self.closed.set()
+            return
+        kind = msg[0]
+        if kind == "run":
+            _, run_id, epoch, resume, restore = msg
+            self._start_run(run_id, epoch, resume, restore)
+        elif kind == "cancel" and msg[1] == self.run_id and self.task is not None:
+            self.task.cancel()
+        elif kind == "close":
+            self.closed.set()
+
+    def _on_back(self) -> None:
+        try:
+            data = os.read(self.back.fileno(), 65536)
+        except OSError:
+            data = b""
+        if not data:
+            self.closed.set()
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            kind, _, arg = line.partition(b" ")
+            if kind == b"R":
+                values = self.held.get(arg.decode())
+                if values:
+                    values.popleft()  # its views go: the slab returns to the pool
+            elif kind == b"C" and int(arg) == self.run_id and self.credits is not None:
+                self.credits.release()
+
+    def _start_run(
+        self, run_id: int, epoch: int, resume: ResumePoint | None, restore: tuple[dict[str, int], int] | None
+    ) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if restore is not None:
+            self.counters.restore_failures(*restore)
+        self.run_id = run_id
+        self.credits = asyncio.Semaphore(self.config.prefetch)
+        plan = plan_for(self.config, len(self.dataset), epoch, resume)
+        self.task = asyncio.get_running_loop().create_task(self._run(run_id, plan, self.credits))
+
+    async def _stop_run(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _run(self, run_id: int, plan: Any, credits: asyncio.Semaphore) -> None:
+        assert self.parts is not None
+        queue: asyncio.Queue[Item] = asyncio.Queue(1)
+        producer = asyncio.get_running_loop().create_task(self.parts.engine.produce(plan, queue))
+        try:
+            while True:
+                item = await queue.get()
+                await credits.acquire()
+                self._send_item(run_id, item)
+                if not isinstance(item, Batch):
+                    return
+        finally:
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+
+    def _send_item(self, run_id: int, item: Item) -> None:
+        counts = self.counters.loader_side()
+        if isinstance(item, End):
+            self.send(("end", run_id, counts))
+            return
+        if isinstance(item, Failure):
+            self.send(("fail", run_id, _picklable(item.error), counts))
+            return
+        slabs = self.parts.slabs.live_slabs() if self.parts is not None and self.parts.slabs else []
+        located = [Located(s.name, s.address, s.layout.size) for s in slabs]
+        treedef, leaves, names = encode(item.value, located)
+        msg = ("item", run_id, item.index, item.size, item.done, treedef, leaves, names, counts)
+        try:
+            data = pickle.dumps(msg, protocol=5)
+        except Exception as exc:  # noqa: BLE001 - the trainer learns why, in order
+            err = LoaderError(
+                f"batch {item.index} cannot be sent to the trainer's process "
+                f"(loader_process=True): {type(exc).__name__}: {exc}"
+            )
+            self.send(("fail", run_id, err, counts))
+            return
+        for name in names:
+            self.held[name].append(item.value)
+        self.send.raw(data)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a :class:`LoaderError` with its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any failure to pickle
+        return LoaderError(f"{type(exc).__name__}: {exc}")

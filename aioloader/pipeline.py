@@ -1,0 +1,108 @@
+"""The parts that load batches, whichever process they run in: the reader's threads, the
+decode pool, the slab pool, the collate thread and the :class:`~aioloader.engine.Engine`.
+
+:func:`build` makes them for one loader; :meth:`Pipeline.close` stops them. The trainer's
+process runs them on its ``aioloader-loop`` thread (:mod:`.runtime`), or a loader process
+of their own does (:mod:`.loaderproc`, ``loader_process=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .config import LoaderConfig
+from .dataset import FileDataset
+from .decode.pool import DecodePool
+from .decode.slabs import SlabPool, shm_available
+from .engine import Engine, declared_layout, window_size
+from .reader import FileReader
+from .stats import Counters
+
+__all__ = ["Pipeline", "build", "io_concurrency_for_fd_limit"]
+
+logger = logging.getLogger("aioloader")
+
+
+def io_concurrency_for_fd_limit(wanted: int, num_workers: int = 0) -> int:
+    """``wanted`` reads in flight, or fewer when the open-file limit (``ulimit -n``) would
+    run out: each read holds one fd, each worker process about four in the parent (pipes and
+    its sentinel), and half of what is left stays for everything else."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        in_use = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError, ValueError):
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, (soft - in_use - 16 - 4 * num_workers) // 2))
+
+
+def _fd_soft_limit() -> int:
+    import resource
+
+    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def slabs_pooled(config: LoaderConfig) -> int:
+    """Slabs kept for reuse: enough for every batch the pipeline itself holds (under
+    construction, one being queued, queued, in the bridge, in the hand-off, one whose rows
+    repacking carries over) and the two a ``for b in loader`` holds around each ``next()``:
+    the new one, and the old one until ``b`` is rebound."""
+    return window_size(config.io_concurrency, config.batch_size) + config.prefetch + 5
+
+
+@dataclass
+class Pipeline:
+    """One loader's loading parts (see the module docstring)."""
+
+    config: LoaderConfig
+    engine: Engine
+    reader: FileReader
+    pool: DecodePool | None
+    slabs: SlabPool | None
+    collate_pool: ThreadPoolExecutor
+
+    def close(self, grace: float) -> None:
+        """Stop the workers (``grace`` seconds for a decode in progress), the reader's and
+        the collate thread, and unlink the slabs. Run it once the engine's tasks are done."""
+        if self.pool is not None:
+            self.pool.close(grace)
+        self.reader.close()
+        self.collate_pool.shutdown(wait=True, cancel_futures=True)
+        if self.slabs is not None:
+            self.slabs.close()
+
+
+def build(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Pipeline:
+    """The parts for ``config`` (``io_concurrency`` lowered if the open-file limit needs
+    it); the decode pool's workers start lazily, on the first batch."""
+    io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers)
+    if io < config.io_concurrency:
+        logger.warning(
+            "io_concurrency=%d lowered to %d: the open-file limit (ulimit -n) is %d; raise it "
+            "with `ulimit -n` for more reads in flight",
+            config.io_concurrency,
+            io,
+            _fd_soft_limit(),
+        )
+        config = dataclasses.replace(config, io_concurrency=io)
+    pool = slabs = None
+    if config.decode is not None:
+        pool = DecodePool(config.decode, config.num_workers, config.max_worker_restarts)
+        if shm_available():  # else every sample crosses the pipe, pickled
+            slabs = SlabPool(config.batch_size, slabs_pooled(config), declared_layout(config.decode))
+    reader = FileReader(
+        config.io_concurrency,
+        config.read,
+        config.read_retries,
+        on_retry=lambda path, exc: counters.retried(),
+    )
+    collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
+    engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters)
+    return Pipeline(config, engine, reader, pool, slabs, collate_pool)

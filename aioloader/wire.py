@@ -1,0 +1,179 @@
+"""How a batch crosses from the loader process to the trainer's (``loader_process=True``).
+
+A batch's arrays and tensors that view one of the loader's shared-memory slabs travel as
+:class:`SlabRef` (which slab, where in it, shape, strides, dtype); everything else (labels,
+strings, arrays of ordinary memory) travels pickled. The trainer maps the slab (once: the
+mapping is cached, :class:`SlabMaps`) and rebuilds each leaf as a view of it, so a batch of
+any size costs the pipe a few hundred bytes and no copy.
+
+The slab stays the trainer's until every view of it is garbage: the views derive from one
+owner array whose finalizer reports the slab's name, and the loader process keeps its own
+copy of the batch alive until then (:mod:`aioloader.loaderproc`).
+
+:func:`encode` and :func:`decode` are pure but for the memory they point into; a test gives
+them an ``mmap`` of its own.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .decode.slabs import SHM_DIR
+from .tree import TreeDef, flatten, unflatten
+
+__all__ = ["Located", "SlabMaps", "SlabRef", "decode", "encode"]
+
+
+@dataclass(frozen=True)
+class SlabRef:
+    """A leaf that views slab ``slab`` (an index into the message's slab names): ``offset``
+    bytes from the segment's start, ``shape``, ``strides`` in bytes (never negative), and
+    ``dtype`` (a NumPy dtype string, or a torch dtype name such as ``'bfloat16'`` when
+    ``torch``)."""
+
+    slab: int
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    torch: bool
+
+
+@dataclass(frozen=True)
+class Located:
+    """A slab the loader knows: its ``name``, the address its mapping starts at in this
+    process, and its ``size`` in bytes."""
+
+    name: str
+    address: int
+    size: int
+
+
+def _span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int | None:
+    """Bytes from the first element to the end of the last one, or None when a stride is
+    negative (such a view is pickled)."""
+    if any(s < 0 for s in strides):
+        return None
+    return sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + itemsize
+
+
+def _describe(leaf: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], str, int, bool] | None:
+    """``(address, shape, byte strides, dtype, itemsize, torch)`` of an array leaf."""
+    if isinstance(leaf, np.ndarray):
+        if leaf.dtype.hasobject or leaf.size == 0:
+            return None
+        return leaf.ctypes.data, leaf.shape, leaf.strides, leaf.dtype.str, leaf.itemsize, False
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(leaf, torch.Tensor):
+        if leaf.device.type != "cpu" or leaf.numel() == 0 or leaf.is_sparse or leaf.requires_grad:
+            return None
+        size = leaf.element_size()
+        strides = tuple(s * size for s in leaf.stride())
+        name = str(leaf.dtype).removeprefix("torch.")
+        return leaf.data_ptr(), tuple(leaf.shape), strides, name, size, True
+    return None
+
+
+def encode(value: Any, slabs: list[Located]) -> tuple[TreeDef, list[Any], list[str]]:
+    """``(treedef, leaves, names)``: ``value`` flattened, each array leaf that lies wholly
+    inside one of ``slabs`` replaced by a :class:`SlabRef` into ``names`` (the slabs used,
+    in order of first use)."""
+    treedef, leaves = flatten(value)
+    names: list[str] = []
+    out: list[Any] = []
+    for leaf in leaves:
+        d = _describe(leaf)
+        ref = None
+        if d is not None:
+            address, shape, strides, dtype, itemsize, is_torch = d
+            span = _span(shape, strides, itemsize)
+            for slab in slabs:
+                offset = address - slab.address
+                if span is not None and offset >= 0 and offset + span <= slab.size and offset % itemsize == 0:
+                    if slab.name not in names:
+                        names.append(slab.name)
+                    ref = SlabRef(names.index(slab.name), offset, shape, strides, dtype, is_torch)
+                    break
+        out.append(leaf if ref is None else ref)
+    return treedef, out, names
+
+
+class _Owner(np.ndarray):
+    """A slab's bytes in the trainer: every leaf of a batch derives from one, and its
+    finalizer gives the slab back (a subclass, so NumPy keeps it as the views' base)."""
+
+
+def decode(
+    treedef: TreeDef,
+    leaves: list[Any],
+    buffers: list[mmap.mmap],
+    released: Callable[[int], None],
+) -> Any:
+    """The value :func:`encode` described, its :class:`SlabRef` leaves viewing
+    ``buffers`` (the mappings of the message's slabs, in order). ``released(i)`` runs once
+    every view of slab ``i`` is garbage (from whichever thread drops the last one)."""
+    owners: list[np.ndarray[Any, Any]] = []
+    for i, buf in enumerate(buffers):
+        owner = np.frombuffer(buf, dtype=np.uint8).view(_Owner)
+        weakref.finalize(owner, released, i)
+        owners.append(owner)
+    out = [_view(owners[x.slab], x) if isinstance(x, SlabRef) else x for x in leaves]
+    del owners
+    return unflatten(treedef, out)
+
+
+def _view(owner: np.ndarray[Any, Any], ref: SlabRef) -> Any:
+    if not ref.torch:
+        dtype = np.dtype(ref.dtype)
+        return np.ndarray(ref.shape, dtype, buffer=owner, offset=ref.offset, strides=ref.strides)
+    torch = sys.modules["torch"]
+    dtype = getattr(torch, ref.dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    span = _span(ref.shape, ref.strides, itemsize)
+    assert span is not None
+    raw = torch.from_numpy(owner[ref.offset : ref.offset + span].view(np.ndarray)).view(dtype)
+    return raw.as_strided(ref.shape, tuple(s // itemsize for s in ref.strides))
+
+
+class SlabMaps:
+    """The trainer's mappings of the loader's slabs, by name; the ``limit`` least recently
+    used are kept (a mapping still viewed by a batch lives on until the batch is garbage)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
+
+    def get(self, name: str) -> mmap.mmap:
+        m = self._maps.get(name)
+        if m is not None:
+            self._maps.move_to_end(name)
+            return m
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            m = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        self._maps[name] = m
+        while len(self._maps) > self.limit:
+            _close(self._maps.popitem(last=False)[1])
+        return m
+
+    def close(self) -> None:
+        while self._maps:
+            _close(self._maps.popitem()[1])
+
+
+def _close(m: mmap.mmap) -> None:
+    try:
+        m.close()
+    except BufferError:  # a batch still views it: it is unmapped when that is garbage
+        pass
