@@ -42,7 +42,7 @@ from .items import Batch, End, Failure, Item
 from .pipeline import Pipeline, build
 from .resume import ResumePoint, plan_for
 from .stats import Counters
-from .wire import Located, encode
+from .wire import Located, encode, pack_error
 
 __all__ = ["main"]
 
@@ -139,7 +139,7 @@ class Host:
         try:
             self.parts = build(self.config, self.dataset, self.counters)
         except BaseException as exc:  # noqa: BLE001 - the trainer raises it
-            self.send(("ready", _picklable(exc)))
+            self.send(("ready", pack_error(exc)))
             return
         loop.add_reader(self.conn.fileno(), self._on_control)
         loop.add_reader(self.back.fileno(), self._on_back)
@@ -229,7 +229,7 @@ class Host:
             self.send(("end", run_id, counts))
             return
         if isinstance(item, Failure):
-            self.send(("fail", run_id, _picklable(item.error), counts))
+            self.send(("fail", run_id, pack_error(item.error), counts))
             return
         slabs = self.parts.slabs.live_slabs() if self.parts is not None and self.parts.slabs else []
         located = [Located(s.name, s.address, s.layout.size) for s in slabs]
@@ -242,17 +242,8 @@ class Host:
                 f"batch {item.index} cannot be sent to the trainer's process "
                 f"(loader_process=True): {type(exc).__name__}: {exc}"
             )
-            self.send(("fail", run_id, err, counts))
+            self.send(("fail", run_id, [err], counts))
             return
         for name in names:
             self.held[name].append(item.value)
         self.send.raw(data)
-
-
-def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling, else a :class:`LoaderError` with its text."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001 - any failure to pickle
-        return LoaderError(f"{type(exc).__name__}: {exc}")

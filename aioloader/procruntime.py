@@ -121,7 +121,7 @@ class _Channel:
             return END
         if kind == "fail":
             self.counters.absorb(msg[3])
-            return Failure(msg[2])
+            return Failure(wire.unpack_error(msg[2]))
         _, _, index, size, done, treedef, leaves, names, counts = msg
         self.counters.absorb(counts)
         try:
@@ -259,7 +259,7 @@ class ProcessRuntime:
                     msg = None
                 if msg is not None and msg[0] == "ready":
                     if msg[1] is not None:
-                        raise msg[1]
+                        raise wire.unpack_error(msg[1])
                     return
             if not ready or self.proc.sentinel in ready or self.channel.eof:
                 self.proc.join(1.0)

@@ -16,6 +16,7 @@ them an ``mmap`` of its own.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import sys
@@ -30,7 +31,7 @@ import numpy as np
 from .decode.slabs import SHM_DIR
 from .tree import TreeDef, flatten, unflatten
 
-__all__ = ["Located", "SlabMaps", "SlabRef", "decode", "encode"]
+__all__ = ["Located", "SlabMaps", "SlabRef", "decode", "encode", "pack_error", "unpack_error"]
 
 
 @dataclass(frozen=True)
@@ -177,3 +178,40 @@ def _close(m: mmap.mmap) -> None:
         m.close()
     except BufferError:  # a batch still views it: it is unmapped when that is garbage
         pass
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any failure to pickle
+        from .errors import LoaderError
+
+        return LoaderError(f"{type(exc).__name__}: {exc}")
+
+
+def pack_error(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its chain of causes, each picklable (pickling an exception drops its
+    ``__cause__``); the loader process's traceback becomes a note on ``exc``."""
+    import traceback
+
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen and len(chain) < 8:
+        seen.add(id(at))
+        chain.append(_picklable(at))
+        at = at.__cause__
+    where = "".join(traceback.format_exception(exc)).rstrip()
+    if hasattr(chain[0], "add_note"):
+        chain[0].add_note(f"--- in the loader process ---\n{where}")
+    return chain
+
+
+def unpack_error(chain: list[BaseException]) -> BaseException:
+    """The exception :func:`pack_error` packed, its causes chained again."""
+    for exc, cause in itertools.pairwise(chain):
+        exc.__cause__ = cause
+    return chain[0]
