@@ -141,13 +141,16 @@ class Host:
         except BaseException as exc:  # noqa: BLE001 - the trainer raises it
             self.send(("ready", pack_error(exc)))
             return
-        loop.add_reader(self.conn.fileno(), self._on_control)
+        # The control messages are read by a thread of their own: the loop's add_reader would
+        # make the socket non-blocking, and it is also the one the items are written to.
+        threading.Thread(
+            target=self._read_control, args=(loop,), name="aioloader-control", daemon=True
+        ).start()
         loop.add_reader(self.back.fileno(), self._on_back)
         self.send(("ready", None))
         try:
             await self.closed.wait()
         finally:
-            loop.remove_reader(self.conn.fileno())
             loop.remove_reader(self.back.fileno())
             await self._stop_run()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -158,12 +161,20 @@ class Host:
             self.held.clear()
             self.parts.close(grace=1.0)
 
-    def _on_control(self) -> None:
-        try:
-            msg = self.conn.recv()
-        except (EOFError, OSError):
-            self.closed.set()
-            return
+    def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                msg = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                msg = ("close",)
+            try:
+                loop.call_soon_threadsafe(self._on_control, msg)
+            except RuntimeError:  # the loop is closed: the process is ending
+                return
+            if msg[0] == "close":
+                return
+
+    def _on_control(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "run":
             _, run_id, epoch, resume, restore = msg
@@ -216,7 +227,13 @@ class Host:
             while True:
                 item = await queue.get()
                 await credits.acquire()
-                self._send_item(run_id, item)
+                try:
+                    self._send_item(run_id, item)
+                except Exception as exc:  # noqa: BLE001 - a bug of ours must still reach the trainer
+                    err = LoaderError(f"loading stopped: {type(exc).__name__}: {exc}")
+                    err.__cause__ = exc
+                    self.send(("fail", run_id, pack_error(err), self.counters.loader_side()))
+                    return
                 if not isinstance(item, Batch):
                     return
         finally:

@@ -19,7 +19,7 @@ Threads are grouped by name without their number (``aioloader-io-0``, ``aioloade
 ``aioloader-io``); the executor's manager thread is ``Thread``. Writes the report to
 ``--out`` too (default ``benchmarks/profiles/main_cpu_<date>.txt``).
 
-    python benchmarks/profile_main.py [--loader aioloader,dataloader] [--decode function|declared|image]
+    python benchmarks/profile_main.py [--loader aioloader,aioloader-process,dataloader] [--decode function|declared|image]
                                       [--sampler yappi,py-spy] [--images 640] [--epochs 2]
                                       [--warmup 1] [--workers 2] [--top 15] [--rate 1000] [--out FILE]
 """
@@ -143,8 +143,14 @@ def make_loader(kind: str, args: argparse.Namespace, files: FileDataset) -> Any:
         "declared": DeclaredCrop(),
         "image": ImageDecoder(224, crop="random", hflip=True),
     }[args.decode]
-    if kind == "aioloader":
-        return Loader(files, batch_size=args.batch_size, decode=decode, num_workers=args.workers)
+    if kind.startswith("aioloader"):
+        return Loader(
+            files,
+            batch_size=args.batch_size,
+            decode=decode,
+            num_workers=args.workers,
+            loader_process=kind == "aioloader-process",
+        )
     return DataLoader(
         PeerDataset(files, decode, takes_rng=args.decode != "image"),
         batch_size=args.batch_size,
@@ -238,7 +244,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=root, help="(%(default)s)")
     p.add_argument(
-        "--loader", default="aioloader,dataloader", help="aioloader, dataloader or both (%(default)s)"
+        "--loader",
+        default="aioloader,aioloader-process,dataloader",
+        help="aioloader (in-process), aioloader-process (loader_process=True), dataloader (%(default)s)",
     )
     p.add_argument("--decode", choices=["function", "declared", "image"], default="function")
     p.add_argument("--sampler", default="yappi,py-spy", help="yappi, py-spy or both (%(default)s)")
@@ -255,7 +263,7 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     args.loader = [k.strip() for k in args.loader.split(",") if k.strip()]
     args.sampler = [k.strip() for k in args.sampler.split(",") if k.strip()]
-    if not args.loader or any(k not in ("aioloader", "dataloader") for k in args.loader):
+    if not args.loader or any(k not in ("aioloader", "aioloader-process", "dataloader") for k in args.loader):
         p.error("--loader: aioloader, dataloader or a comma list of both")
     if any(k not in ("yappi", "py-spy") for k in args.sampler):
         p.error("--sampler: yappi, py-spy or a comma list of both")
