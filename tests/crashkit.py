@@ -1,12 +1,14 @@
 """The crash harness: a training script, killed at a chosen moment, and what it leaves.
 
 :func:`run_case` starts a trainer (aioloader's ``Loader`` or, for comparison,
-``torch.utils.data.DataLoader``; ``aioloader-forkserver`` is aioloader with its workers
+``torch.utils.data.DataLoader``; ``aioloader-process`` is aioloader with
+``loader_process=True``; ``aioloader-forkserver`` is aioloader with its workers
 from the stock fork server, as where no zygote can be made, and ``aioloader-thread`` one
 started from a thread that has ended by the kill) in a session of its own, waits
 until it reports the moment named by the phase, kills the trainer's process alone (as the
 OOM killer or a scheduler's preemption does: its helpers are left to notice), and watches for up to ``limit``
-seconds until no process of the session, no shared-memory segment of the trainer's pid and
+seconds until no process of the session, no shared-memory segment of the trainer's pid (or
+of a helper's that was alive when it was ready, such as a loader process) and
 no new POSIX semaphore is left. Used by tests/test_crash.py (each case once) and
 benchmarks/crash.py (each case N times, with times).
 
@@ -33,7 +35,7 @@ from helpers import shm_segments, start_script
 __all__ = ["KINDS", "PHASES", "Outcome", "run_case", "semaphores"]
 
 PHASES = ("start", "mid-epoch", "hung-decode", "close", "held-batch")
-KINDS = ("aioloader", "aioloader-forkserver", "aioloader-thread", "dataloader")
+KINDS = ("aioloader", "aioloader-process", "aioloader-forkserver", "aioloader-thread", "dataloader")
 
 # Seconds between "ready" and the kill: into close() (which waits 2 s for hung workers),
 # else at once.
@@ -73,7 +75,15 @@ def make():
             threading.Thread(target=time.sleep, args=(3600,), name="aioloader-other", daemon=True).start()
 
         read = slow_read if PHASE == "mid-epoch" else None
-        return aioloader.Loader(PATHS, batch_size=4, decode=decode, num_workers=2, shuffle=False, read=read)
+        return aioloader.Loader(
+            PATHS,
+            batch_size=4,
+            decode=decode,
+            num_workers=2,
+            shuffle=False,
+            read=read,
+            loader_process=KIND == "aioloader-process",
+        )
     import torch.utils.data
 
     class Files(torch.utils.data.Dataset):
@@ -175,6 +185,12 @@ def run_case(
         _kill_session(proc)
         _, err = proc.communicate()
         raise AssertionError(f"the trainer did not get to {phase!r}: {line!r}\n{err}")
+    # Segments carry their maker's pid: the trainer's, or its loader process's.
+    makers = {proc.pid, *(int(p) for p in _session(proc.pid))}
+
+    def segments() -> set[str]:
+        return set().union(*(shm_segments(p) for p in makers))
+
     try:
         time.sleep(_DELAY.get(phase, 0.0))
         os.kill(proc.pid, sig)
@@ -182,7 +198,7 @@ def run_case(
         while True:
             proc.poll()  # reap the trainer: a zombie still counts for pgrep
             left = _session(proc.pid)
-            segs = shm_segments(proc.pid)
+            segs = segments()
             sems = semaphores() - sems_before
             seconds = time.monotonic() - killed
             if not (left or segs or sems) or seconds > limit:
@@ -191,7 +207,7 @@ def run_case(
     finally:
         _kill_session(proc)  # a leaked helper keeps stdout and stderr open
         _, err = proc.communicate()
-        for name in shm_segments(proc.pid) | (semaphores() - sems_before):  # leave the machine clean
+        for name in segments() | (semaphores() - sems_before):  # leave the machine clean
             try:
                 os.unlink(os.path.join("/dev/shm", name))
             except OSError:

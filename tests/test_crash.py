@@ -60,6 +60,18 @@ def test_a_killed_trainer_leaves_nothing(
         assert "leaked" not in outcome.stderr, outcome.stderr
 
 
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_trainer_with_a_loader_process_leaves_nothing(
+    files: list[str], tmp_path: Path, phase: str, sig: signal.Signals
+) -> None:
+    """``loader_process=True``: the loader process and its workers follow the trainer."""
+    outcome = run_case("aioloader-process", phase, sig, files, tmp_path)
+    assert not outcome.leaked, _describe(outcome)
+    assert outcome.returncode == -sig
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+
+
 @pytest.mark.parametrize("phase", ["mid-epoch", "hung-decode"])
 @pytest.mark.parametrize("kind", ["aioloader-forkserver", "aioloader-thread"])
 def test_without_the_zygote_or_from_a_thread_nothing_is_left(

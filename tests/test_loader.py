@@ -1,7 +1,8 @@
 """The loader through both front-ends: every case runs once through ``for``/``with``
 (``[sync]``) and once through ``async for``/``async with`` (``[async]``), by the ``frontend``
-fixture (conftest.py, frontends.py). What only one front-end can show is a single test at
-the end."""
+fixture (conftest.py, frontends.py), and each of those once in the trainer's process
+(``[thread]``) and once with ``loader_process=True`` (``[process]``). What only one
+front-end can show is a single test at the end."""
 
 from __future__ import annotations
 
@@ -20,7 +21,22 @@ from helpers import FailOn, SlowDecode, decode_number, flatten, random_draw
 
 import aioloader
 from aioloader import DecodeError, FileDataset, Loader, LoaderClosedError, LoaderError, ReadError
+from aioloader.config import LoaderConfig
 from aioloader.loader import CLOSED_MESSAGE
+
+
+@pytest.fixture(autouse=True, params=["thread", "process"])
+def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where the pipeline runs: every Loader of the test gets ``loader_process=True`` for
+    ``[process]`` (the argument every user would pass)."""
+    if request.param == "process":
+        create = LoaderConfig.create
+
+        def with_process(**kw: object) -> LoaderConfig:
+            return create(**{**kw, "loader_process": True})
+
+        monkeypatch.setattr(LoaderConfig, "create", with_process)
+    return str(request.param)
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

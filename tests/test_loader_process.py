@@ -1,0 +1,222 @@
+"""``loader_process=True``: the pipeline runs in a loader process; the trainer's process keeps
+only the bridging thread, and batches cross as references to shared memory.
+
+Everything is read from the outside: threads by name, processes from /proc, mappings from
+/proc/self/maps, segments in /dev/shm. The general suite (test_loader.py) runs again in this
+mode; these tests cover what only this mode has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import decode_number, descendants, is_gone, number_image, number_ragged
+
+from aioloader import DecodeError, Loader, LoaderError, ReadError
+from aioloader.decode.slabs import shm_available
+
+pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
+
+
+def shm_view(t: Any) -> str | None:
+    """The aioloader segment (any maker) that ``t``'s memory lies in, from /proc/self/maps."""
+    ptr = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith("/dev/shm/aioloader-"):
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                if start <= ptr < end:
+                    return os.path.basename(parts[5].split()[0])
+    return None
+
+
+def segments_of(pid: int) -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{pid}-")}
+
+
+def loader_pid() -> int:
+    """The loader process: of this process's helpers (the zygote forks it and then, at its
+    request, its workers), the one started first."""
+    kids = descendants()
+    assert kids
+    return min(kids, key=_started)
+
+
+def _started(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])  # starttime, in clock ticks
+
+
+def numbers(batch: torch.Tensor) -> list[int]:
+    return [int(v) for v in batch.reshape(len(batch), -1)[:, 0]]
+
+
+def test_same_batches_as_in_process_as_views_of_the_loader_processes_slabs(numbered: list[str]) -> None:
+    def epochs(**kw: Any) -> list[list[list[int]]]:
+        with Loader(numbered, batch_size=4, decode=number_image, num_workers=2, seed=5, **kw) as loader:
+            return [[numbers(b) for b in loader] for _ in range(2)]
+
+    assert epochs(loader_process=True) == epochs(loader_process=False)
+    with Loader(numbered, batch_size=4, decode=number_image, num_workers=2, loader_process=True) as loader:
+        pid = loader_pid()
+        list(loader)
+        batches = list(loader)
+        # The trainer's process holds the bridge alone (and the SIGTERM watcher).
+        ours = {t.name for t in threading.enumerate() if t.name.startswith("aioloader-")}
+        assert ours <= {"aioloader-transfer", "aioloader-signals"}
+        # Batches of the second epoch are the loader process's slabs, mapped here.
+        assert all((shm_view(b) or "").startswith(f"aioloader-{pid}-") for b in batches[:-1])
+        assert segments_of(pid)
+    # Closed: the process and its segments are gone; batches still held stay valid.
+    assert is_gone(pid) and segments_of(pid) == set()
+    assert sorted(n for b in batches for n in numbers(b)) == list(range(37))
+
+
+def test_held_batches_never_change_while_slabs_are_reused(numbered: list[str]) -> None:
+    with Loader(
+        numbered, batch_size=4, decode=number_image, num_workers=2, prefetch=1, loader_process=True
+    ) as loader:
+        pid = loader_pid()
+        held = list(loader)
+        snapshot = [b.clone() for b in held]
+        for _ in range(4):
+            for b in loader:
+                del b
+        assert all(torch.equal(a, b) for a, b in zip(held, snapshot, strict=True))
+        # Dropped batches' slabs went back for reuse: no new segment per batch.
+        assert len(segments_of(pid)) < 4 * 10
+
+
+def test_varying_shapes_reach_the_trainer_as_views(numbered: list[str]) -> None:
+    with Loader(
+        numbered,
+        batch_size=6,
+        decode=number_ragged,
+        collate=list,
+        shuffle=False,
+        num_workers=2,
+        loader_process=True,
+    ) as loader:
+        list(loader)
+        second = list(loader)
+    got = [(int(arr[0, 0]), tuple(arr.shape)) for batch in second for arr in batch]
+    assert got == [(n, (n % 4 + 1, 2)) for n in range(37)]
+
+
+def test_errors_name_the_file_and_keep_their_cause(tmp_path: Path, numbered: list[str]) -> None:
+    paths = [*numbered[:4], str(tmp_path / "missing.txt"), *numbered[4:8]]
+    with Loader(
+        paths, batch_size=2, decode=decode_number, shuffle=False, num_workers=1, loader_process=True
+    ) as loader:
+        it = iter(loader)
+        assert [int(v) for _ in range(2) for v in next(it)] == [0, 1, 2, 3]
+        with pytest.raises(ReadError) as info:
+            next(it)
+        assert info.value.path == paths[4] and isinstance(info.value.__cause__, FileNotFoundError)
+        assert any("in the loader process" in note for note in info.value.__notes__)
+        # The loader stays usable.
+        assert [int(v) for v in next(iter(loader))] == [0, 1]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"not a number")
+    with Loader([str(bad)], batch_size=1, decode=decode_number, num_workers=1, loader_process=True) as loader:
+        with pytest.raises(DecodeError, match=r"bad\.txt") as err:
+            list(loader)
+        assert "--- worker traceback ---" in str(err.value) and "decode_number" in str(err.value)
+
+
+def test_skipped_files_are_logged_here_and_counted(
+    tmp_path: Path, numbered: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = [*numbered[:5], str(tmp_path / "gone.txt")]
+    with (
+        caplog.at_level(logging.WARNING, logger="aioloader"),
+        Loader(
+            paths, batch_size=2, decode=decode_number, on_error="skip", num_workers=1, loader_process=True
+        ) as loader,
+    ):
+        assert sorted(int(v) for b in loader for v in b) == [0, 1, 2, 3, 4]
+        stats = loader.stats
+    assert stats.failures == 1 and stats.last_failed_paths == (paths[5],) and stats.attempted == 6
+    assert stats.bytes_read > 0 and stats.samples == 5
+    assert any("gone.txt" in r.getMessage() for r in caplog.records if r.name == "aioloader")
+
+
+def test_resume_with_restored_failures(numbered: list[str]) -> None:
+    def make() -> Loader:
+        return Loader(
+            numbered, batch_size=4, decode=decode_number, seed=3, num_workers=1, loader_process=True
+        )
+
+    with make() as loader:
+        whole = [[int(v) for v in b] for b in loader]
+    with make() as loader:
+        it = iter(loader)
+        first = [[int(v) for v in next(it)] for _ in range(3)]
+        state = loader.state_dict()
+    state["stats"]["failures_by_reason"] = {"ReadError": 2}
+    with make() as loader:
+        loader.load_state_dict(state)
+        rest = [[int(v) for v in b] for b in loader]
+        assert loader.stats.failures == 2  # restored, and not lost to the loader process's counts
+    assert first + rest == whole
+
+
+def test_an_unpicklable_collate_is_refused_with_its_value(numbered: list[str]) -> None:
+    lock = threading.Lock()
+    with pytest.raises(ValueError, match="loader_process=True needs a picklable collate"):
+        Loader(
+            numbered, batch_size=4, decode=decode_number, collate=lambda s: lock, loader_process=True
+        ).start()
+
+
+def test_a_killed_loader_process_is_a_clear_error(numbered: list[str]) -> None:
+    with Loader(
+        numbered, batch_size=1, decode=decode_number, num_workers=1, prefetch=1, loader_process=True
+    ) as loader:
+        it = iter(loader)
+        next(it)
+        os.kill(loader_pid(), signal.SIGKILL)
+        with pytest.raises(LoaderError, match="loader process exited unexpectedly"):
+            for _ in range(len(numbered)):
+                next(it)
+    # Its workers follow it (their lifeline), and nothing is left.
+    deadline = time.monotonic() + 5
+    while descendants() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert descendants() == set()
+
+
+def test_async_for_over_a_loader_process(numbered: list[str]) -> None:
+    async def main() -> list[int]:
+        async with Loader(
+            numbered, batch_size=4, decode=decode_number, shuffle=False, num_workers=1, loader_process=True
+        ) as loader:
+            return [int(v) for b in [b async for b in loader] for v in b]
+
+    assert asyncio.run(main()) == list(range(37))
+
+
+def test_numpy_from_a_custom_collate_arrives_as_tensors(numbered: list[str]) -> None:
+    with Loader(
+        numbered,
+        batch_size=4,
+        decode=number_image,
+        collate=np.stack,
+        shuffle=False,
+        num_workers=1,
+        loader_process=True,
+    ) as loader:
+        batches = list(loader)
+    assert all(isinstance(b, torch.Tensor) and b.shape[1:] == (3, 4, 5) for b in batches)
+    assert [n for b in batches for n in numbers(b)] == list(range(37))

@@ -1,0 +1,117 @@
+"""How a batch crosses from the loader process (aioloader/wire.py), without processes: a real
+shared mapping stands in for a slab, and each leaf must come back as the same values, in the
+same kind of array, viewing that memory (or pickled where it cannot)."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from aioloader.errors import ReadError
+from aioloader.wire import Located, SlabRef, decode, encode, pack_error, unpack_error
+
+
+def address(m: mmap.mmap) -> int:
+    return int(np.frombuffer(m, dtype=np.uint8).ctypes.data)
+
+
+def roundtrip(value: Any, m: mmap.mmap, released: list[int]) -> tuple[Any, list[Any]]:
+    treedef, leaves, names = encode(value, [Located("slab-a", address(m), len(m))])
+    # What the pipe does to the description.
+    treedef, leaves, names = pickle.loads(pickle.dumps((treedef, leaves, names)))
+    assert names in ([], ["slab-a"])
+    return decode(treedef, leaves, [m] * len(names), released.append), leaves
+
+
+def inside(x: Any, m: mmap.mmap) -> bool:
+    ptr = x.data_ptr() if isinstance(x, torch.Tensor) else x.ctypes.data
+    return address(m) <= ptr < address(m) + len(m)
+
+
+def test_slab_views_cross_as_references_and_come_back_as_views() -> None:
+    m = mmap.mmap(-1, 1 << 16)
+    base = np.frombuffer(m, dtype=np.uint8)
+    rows = torch.from_numpy(base[64 : 64 + 4 * 6]).view(torch.int16).reshape(4, 3)  # a rows block
+    rows.copy_(torch.arange(12, dtype=torch.int16).reshape(4, 3))
+    arr = base[1024 : 1024 + 40].view(np.float32).reshape(2, 5)
+    arr[:] = np.arange(10, dtype=np.float32).reshape(2, 5)
+    bf = torch.from_numpy(base[2048 : 2048 + 16]).view(torch.bfloat16)
+    bf.copy_(torch.tensor([1.5] * 8, dtype=torch.bfloat16))
+    labels = torch.tensor([7, 8, 9, 10])  # ordinary memory: pickled
+    value = {"x": rows, "view": arr[:, ::2], "bf": bf, "meta": (labels, "name", None)}
+    released: list[int] = []
+    back, leaves = roundtrip(value, m, released)
+    assert sum(isinstance(x, SlabRef) for x in leaves) == 3
+    assert torch.equal(back["x"], rows) and back["x"].dtype == torch.int16 and inside(back["x"], m)
+    assert isinstance(back["view"], np.ndarray) and np.array_equal(back["view"], arr[:, ::2])
+    assert back["view"].strides == arr[:, ::2].strides and inside(back["view"], m)
+    assert back["bf"].dtype == torch.bfloat16 and torch.equal(back["bf"], bf)
+    assert torch.equal(back["meta"][0], labels) and not inside(back["meta"][0], m)
+    assert back["meta"][1:] == ("name", None) and isinstance(back["meta"], tuple)
+    # They view the same memory: a write through the slab shows in the received batch.
+    rows[0, 0] = 99
+    assert int(back["x"][0, 0]) == 99
+    # The slab is reported once, when its last view is garbage.
+    x = back["x"]
+    del back, value
+    gc.collect()
+    assert released == []
+    del x
+    gc.collect()
+    assert released == [0]
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        np.arange(6, dtype=np.int64),  # ordinary memory
+        np.zeros(0, dtype=np.uint8),  # empty
+        np.array(["a", None], dtype=object),  # objects
+    ],
+)
+def test_what_is_not_a_slab_view_is_pickled(leaf: np.ndarray) -> None:
+    m = mmap.mmap(-1, 4096)
+    released: list[int] = []
+    back, leaves = roundtrip([leaf], m, released)
+    assert not any(isinstance(x, SlabRef) for x in leaves)
+    assert isinstance(back, list) and back[0].dtype == leaf.dtype and back[0].tolist() == leaf.tolist()
+
+
+def test_negative_strides_and_overhanging_views_are_pickled() -> None:
+    m = mmap.mmap(-1, 4096)
+    base = np.frombuffer(m, dtype=np.uint8)
+    flipped = base[:16][::-1]
+    tail = np.lib.stride_tricks.as_strided(base[4000:], shape=(200,), strides=(1,), writeable=False)
+    _, leaves, names = encode([flipped, tail], [Located("slab-a", address(m), 4096)])
+    assert names == [] and leaves[0] is flipped and leaves[1] is tail
+
+
+def test_errors_keep_their_path_cause_and_where_they_happened() -> None:
+    try:
+        try:
+            with open("/nonexistent/f.jpg", "rb"):
+                pass
+        except OSError as cause:
+            raise ReadError("cannot read file", path="/nonexistent/f.jpg", index=3) from cause
+    except ReadError as exc:
+        chain = pickle.loads(pickle.dumps(pack_error(exc)))
+    err = unpack_error(chain)
+    assert isinstance(err, ReadError) and err.path == "/nonexistent/f.jpg" and err.index == 3
+    assert isinstance(err.__cause__, FileNotFoundError)
+    assert any("in the loader process" in n and "test_wire.py" in n for n in err.__notes__)
+
+
+class Unpicklable(Exception):
+    def __reduce__(self) -> Any:
+        raise TypeError("no")
+
+
+def test_an_unpicklable_error_still_arrives_as_its_text() -> None:
+    err = unpack_error(pickle.loads(pickle.dumps(pack_error(Unpicklable("bad thing")))))
+    assert "Unpicklable: bad thing" in str(err)
