@@ -9,8 +9,9 @@ another thread held the GIL (or the OS ran something else on its core). Per step
 ``/proc/thread-self/schedstat`` splits the time the trainer thread was off-CPU into waiting
 for a core (run queue: CPU contention) and blocked (mostly waiting for the GIL).
 
-Feeds, each by ``aioloader.Loader`` and by ``torch.utils.data.DataLoader``
-(``num_workers=--workers``, ``persistent_workers=True``), batch 64:
+Feeds, each by ``aioloader.Loader`` (in the trainer's process, and with
+``loader_process=True``) and by ``torch.utils.data.DataLoader`` (``num_workers=--workers``,
+``persistent_workers=True``), batch 64:
 
 (a) small files: 4 KB files, page cache warm, ``decode=None`` (``--small-decode trivial``:
     a function returning 16 bytes as an array, run in the workers);
@@ -217,7 +218,7 @@ def main() -> int:
             generator=torch.Generator().manual_seed(args.seed),
         )
 
-    def aio(files: FileDataset, decode: Callable[..., Any] | None) -> Callable[[], Any]:
+    def aio(files: FileDataset, decode: Callable[..., Any] | None, process: bool) -> Callable[[], Any]:
         return lambda: Loader(
             files,
             batch_size=args.batch_size,
@@ -225,12 +226,18 @@ def main() -> int:
             shuffle=True,
             seed=args.seed,
             num_workers=args.workers,
+            loader_process=process,
         )
 
     results: list[tuple[str, str, Result]] = []
     results.append(("none", "no loader (before)", train(None, args.steps, args.warmup, n, chunk)))
     for feed, (files, decode, takes_rng, _) in feeds.items():
-        for name, make in (("DataLoader", peer(files, decode, takes_rng)), ("aioloader", aio(files, decode))):
+        runs = (
+            ("DataLoader", peer(files, decode, takes_rng)),
+            ("aioloader", aio(files, decode, False)),
+            ("aioloader, loader_process=True", aio(files, decode, True)),
+        )
+        for name, make in runs:
             t0 = time.perf_counter()
             results.append((feed, name, train(make, args.steps, args.warmup, n, chunk)))
             print(f"# {feed} {name}: {time.perf_counter() - t0:.1f} s", flush=True)

@@ -19,7 +19,8 @@ process on bytes in memory, times the usable cores, measured at the start; (ii)
 ``DataLoader`` over a Dataset that reads the file and calls the same decode (a per-worker
 NumPy generator for the functions' randomness, ``aioloader.sample_rng()`` in aioloader);
 ``num_workers=N``, ``persistent_workers=True``; (iii) ``aioloader.Loader`` with
-``num_workers=N``.
+``num_workers=N``, in the trainer's process and (``--loader-process``, default both) with
+``loader_process=True``.
 
 A measurement constructs the loader and runs two epochs: start-up is included. The clock
 starts before the loader is constructed, so the first batch's time includes starting the
@@ -42,7 +43,7 @@ compares the total with ``steps x max(T_load, T)``.
                                     [--decode function,declared,image,tensor,dict|all]
                                     [--small-files [--files 20000]]
                                     [--read-delay-ms 0] [--train-ms 0] [--image-size 500x375]
-                                    [--draft on|off] [--peer-draft on|off]
+                                    [--draft on|off] [--peer-draft on|off] [--loader-process off|on|both]
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ from aioloader.synthetic import make_image_folder
 
 DECODES = ("function", "declared", "image", "tensor", "dict")
 DEFAULT_DECODES = ("function", "declared", "image")
+AIO = "aioloader"
+AIO_PROC = "aioloader, loader process"
+#: The loaders of this run, in report order (set by main from --loader-process).
+LOADERS: list[str] = ["DataLoader", AIO]
 
 
 @dataclass
@@ -321,6 +326,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0, help="(%(default)s)")
     p.add_argument(
+        "--loader-process",
+        choices=["off", "on", "both"],
+        default="both",
+        help="aioloader in the trainer's process (off), with loader_process=True (on), or both (%(default)s)",
+    )
+    p.add_argument(
         "--draft", choices=["on", "off"], default="on", help="ImageDecoder's JPEG draft mode (%(default)s)"
     )
     p.add_argument(
@@ -420,7 +431,7 @@ def main() -> int:
             generator=torch.Generator().manual_seed(args.seed + r),
         )
 
-    def make_aio(w: Workload, r: int) -> Callable[[], Loader]:
+    def make_aio(w: Workload, r: int, process: bool) -> Callable[[], Loader]:
         return lambda: Loader(
             w.files,
             batch_size=args.batch_size,
@@ -430,7 +441,13 @@ def main() -> int:
             num_workers=args.workers,
             io_concurrency=args.io_concurrency,
             read=read if args.read_delay_ms > 0 else None,  # the library's own reads otherwise
+            loader_process=process,
         )
+
+    aio = [(AIO, False)] if args.loader_process == "off" else [(AIO_PROC, True)]
+    if args.loader_process == "both":
+        aio.insert(0, (AIO, False))
+    LOADERS[:] = ["DataLoader", *(name for name, _ in aio)]
 
     runs: dict[tuple[str, str], list[Run]] = defaultdict(list)
     trained: dict[tuple[str, str], list[Run]] = defaultdict(list)
@@ -438,8 +455,9 @@ def main() -> int:
         for w in loads:
             # DataLoader first: its workers fork before any aioloader thread exists.
             for step_s, into in [(0.0, runs)] + ([(train_s, trained)] if train_s > 0 else []):
-                for name, make in (("DataLoader", make_peer(w, r)), ("aioloader", make_aio(w, r))):
-                    run = measure(make, args.epochs, step_s, set_epoch=name == "aioloader")
+                makers = [("DataLoader", make_peer(w, r))] + [(n, make_aio(w, r, p)) for n, p in aio]
+                for name, make in makers:
+                    run = measure(make, args.epochs, step_s, set_epoch=name != "DataLoader")
                     into[w.name, name].append(run)
                     print(
                         f"# round {r + 1}/{args.rounds} {w.name} {name}{' trained' if step_s else ''}: "
@@ -480,16 +498,17 @@ def main() -> int:
     print()
     print("aioloader main-process CPU by thread, ms/batch (median over rounds, start-up included):")
     for w in loads:
-        per: dict[str, list[float]] = defaultdict(list)
-        for run in runs[w.name, "aioloader"]:
-            for thread, cpu in run.threads.items():
-                per[thread].append(cpu / run.batches)
-        parts = ", ".join(
-            f"{k} {med(v) * 1e3:.1f}"
-            for k, v in sorted(per.items(), key=lambda kv: -med(kv[1]))
-            if med(v) >= 5e-5
-        )
-        print(f"- {w.name}: {parts or 'n/a'}")
+        for name, _ in aio:
+            per: dict[str, list[float]] = defaultdict(list)
+            for run in runs[w.name, name]:
+                for thread, cpu in run.threads.items():
+                    per[thread].append(cpu / run.batches)
+            parts = ", ".join(
+                f"{k} {med(v) * 1e3:.1f}"
+                for k, v in sorted(per.items(), key=lambda kv: -med(kv[1]))
+                if med(v) >= 5e-5
+            )
+            print(f"- {w.name}, {name}: {parts or 'n/a'}")
     if train_s > 0:
         print()
         print_overlap(loads, runs, trained, args.train_ms)
@@ -509,7 +528,7 @@ def print_throughput(
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w in loads:
         peer_rate = med(x.samples / x.seconds for x in runs[w.name, "DataLoader"])
-        for name in ("DataLoader", "aioloader"):
+        for name in LOADERS:
             rs = runs[w.name, name]
             rate = med(x.samples / x.seconds for x in rs)
             share = f"{rate / (cores * w.rate):.0%}" if w.decode is not None else "n/a"
@@ -550,7 +569,7 @@ def print_overlap(
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for w in loads:
-        for name in ("DataLoader", "aioloader"):
+        for name in LOADERS:
             pairs = list(zip(runs[w.name, name], trained[w.name, name], strict=True))
             steps = pairs[0][1].batches
             t_load = med(a.seconds / a.batches for a, _ in pairs)
