@@ -47,6 +47,7 @@ _lock = threading.Lock()
 _holders = 0
 _close_all: Callable[[], None] | None = None
 _acting = threading.Lock()  # taken, never released, by the first path to handle SIGTERM
+_acting_thread: int | None = None  # the thread that took it
 _watcher: tuple[threading.Thread, int, int] | None = None  # the thread and its pipe's ends
 
 
@@ -145,8 +146,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def _terminate(on_main_thread: bool) -> None:
     """Close every open loader (bounded), then end the process by SIGTERM. Runs once: a
     second caller (the other path, for the same signal) waits for the end, so the main
-    thread never returns into the trainer's code with its loaders closed under it."""
+    thread never returns into the trainer's code with its loaders closed under it. A
+    SIGTERM that comes again while the main thread is in here runs this handler again, on
+    top of the first call: that call returns at once, and the first goes on."""
+    global _acting_thread
+    me = threading.get_ident()
+    if _acting_thread == me:
+        return
     _acting.acquire()
+    _acting_thread = me
     close_all = _close_all
     if close_all is not None:
         closer = threading.Thread(target=close_all, name="aioloader-sigterm", daemon=True)

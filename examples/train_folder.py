@@ -33,7 +33,7 @@ def make_model(classes: int) -> nn.Module:
     )
 
 
-def train(root: Path, epochs: int, device: str | None) -> None:
+def train(root: Path, epochs: int, device: str | None, loader_process: bool = False) -> None:
     dataset = aioloader.FileDataset.from_folder(root)
     loader = aioloader.Loader(
         dataset,
@@ -41,6 +41,9 @@ def train(root: Path, epochs: int, device: str | None) -> None:
         decode=aioloader.ImageDecoder(112, crop="random", hflip=True),
         device=device,
         prefetch=2,
+        # True: reads, decoding and batching run in a loader process of their own; this
+        # process keeps only the thread that copies batches to the device.
+        loader_process=loader_process,
     )
     model = make_model(len(dataset.classes)).to(device or "cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -68,13 +71,16 @@ def main() -> None:
     parser.add_argument("root", nargs="?", type=Path, help="ImageFolder root (default: generated)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--device", default=None, help="e.g. cuda (default: cpu)")
+    parser.add_argument(
+        "--loader-process", action="store_true", help="load in a loader process (loader_process=True)"
+    )
     args = parser.parse_args()
     if args.root is not None:
-        train(args.root, args.epochs, args.device)
+        train(args.root, args.epochs, args.device, args.loader_process)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = make_image_folder(Path(tmp) / "train", num_images=256, num_classes=4, size=(160, 120))
-        train(root, args.epochs, args.device)
+        train(root, args.epochs, args.device, args.loader_process)
 
 
 if __name__ == "__main__":

@@ -168,10 +168,17 @@ def _kill_session(proc: subprocess.Popen[str]) -> None:
 
 
 def run_case(
-    kind: str, phase: str, sig: signal.Signals, paths: list[str], folder: Path, limit: float = 5.0
+    kind: str,
+    phase: str,
+    sig: signal.Signals,
+    paths: list[str],
+    folder: Path,
+    limit: float = 5.0,
+    repeat: int = 1,
 ) -> Outcome:
-    """Run the trainer of ``kind`` to ``phase``, send ``sig`` to its process, and report
-    what is left once everything is gone or ``limit`` seconds have passed."""
+    """Run the trainer of ``kind`` to ``phase``, send ``sig`` to its process (``repeat``
+    times, 50 ms apart, as an impatient scheduler or user does), and report what is left
+    once everything is gone or ``limit`` seconds have passed."""
     sems_before = semaphores()
     script = TRAINER.format(kind=kind, phase=phase, paths=paths)
     proc = start_script(folder / f"trainer_{kind}_{phase}.py", script)
@@ -195,6 +202,12 @@ def run_case(
         time.sleep(_DELAY.get(phase, 0.0))
         os.kill(proc.pid, sig)
         killed = time.monotonic()
+        for _ in range(repeat - 1):
+            time.sleep(0.05)
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                break
         while True:
             proc.poll()  # reap the trainer: a zombie still counts for pgrep
             left = _session(proc.pid)

@@ -72,6 +72,19 @@ def test_a_killed_trainer_with_a_loader_process_leaves_nothing(
     assert "Traceback" not in outcome.stderr, outcome.stderr
 
 
+@pytest.mark.parametrize("kind", ["aioloader", "aioloader-process"])
+def test_sigterm_sent_again_while_closing_still_ends_the_trainer(
+    files: list[str], tmp_path: Path, kind: str
+) -> None:
+    """A second SIGTERM arrives while the first one's handler waits for the loaders to close
+    (hung workers: the close takes its grace period). The handler runs again on top of the
+    first: it must not wait for the first (the same thread) for ever."""
+    outcome = run_case(kind, "hung-decode", signal.SIGTERM, files, tmp_path, repeat=3)
+    assert not outcome.leaked, _describe(outcome)
+    assert outcome.returncode == -signal.SIGTERM
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+
+
 @pytest.mark.parametrize("phase", ["mid-epoch", "hung-decode"])
 @pytest.mark.parametrize("kind", ["aioloader-forkserver", "aioloader-thread"])
 def test_without_the_zygote_or_from_a_thread_nothing_is_left(
