@@ -12,6 +12,8 @@ import asyncio
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import decode_number, descendants, is_gone, number_image, number_ragged
+from helpers import decode_number, descendants, is_gone, number_image, number_ragged, script_env
 
 from aioloader import DecodeError, Loader, LoaderError, ReadError
 from aioloader.decode.slabs import shm_available
@@ -220,3 +222,29 @@ def test_numpy_from_a_custom_collate_arrives_as_tensors(numbered: list[str]) -> 
         batches = list(loader)
     assert all(isinstance(b, torch.Tensor) and b.shape[1:] == (3, 4, 5) for b in batches)
     assert [n for b in batches for n in numbers(b)] == list(range(37))
+
+
+def test_without_a_zygote_it_loads_in_process_and_says_so(tmp_path: Path, numbered: list[str]) -> None:
+    """A process whose first loader starts while an ``aioloader-*`` thread already runs
+    cannot fork a zygote (module docstring of aioloader.decode.zygote): the loader runs in
+    the trainer's process, with a warning, and still loads everything."""
+    script = tmp_path / "no_zygote.py"
+    script.write_text(
+        "import logging, threading, time\n"
+        "from helpers import decode_number\n"
+        "from aioloader import Loader\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "threading.Thread(target=time.sleep, args=(30,), name='aioloader-other', daemon=True).start()\n"
+        f"paths = {numbered!r}\n"
+        "if __name__ == '__main__':\n"
+        "    with Loader(paths, batch_size=5, decode=decode_number, shuffle=False, num_workers=1,\n"
+        "                loader_process=True) as loader:\n"
+        "        print(sorted(int(v) for b in loader for v in b) == list(range(len(paths))))\n"
+        "        print(any(t.name == 'aioloader-loop' for t in threading.enumerate()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=script_env(), timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]  # all samples; the loop runs here
+    assert "no zygote can be made" in out.stderr and "loading in-process" in out.stderr
