@@ -107,9 +107,10 @@ class Loader:
             cross as references to their shared-memory slabs. This takes the loader's
             per-batch CPU out of the trainer's process (its GIL included). ``decode``,
             ``read``, ``collate`` and the dataset must be picklable, and ``read``/``collate``
-            then run in that process: state they change is not the trainer's. Where no zygote
-            can be made (see :mod:`aioloader.decode.zygote`), the loader runs in-process
-            and logs a warning.
+            then run in that process: state they change is not the trainer's. Arrays a
+            custom ``collate`` makes anew (not views of its samples) cross the pipe pickled,
+            a copy. Where no zygote can be made (see :mod:`aioloader.decode.zygote`), the
+            loader runs in-process and logs a warning.
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
