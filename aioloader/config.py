@@ -7,8 +7,8 @@ Every argument error names the argument and shows the value, e.g.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -106,6 +106,8 @@ class LoaderConfig:
     world_size: int = 1
     pad_shards: bool = True
     loader_process: bool = False
+    #: fsspec options for remote URLs; never shown (credentials).
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def create(
@@ -134,6 +136,7 @@ class LoaderConfig:
         world_size: object = None,
         pad_shards: object = True,
         loader_process: object = False,
+        storage_options: object = None,
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
@@ -188,6 +191,12 @@ class LoaderConfig:
                 f"sample_timeout={sample_timeout!r} must be a positive number of seconds or None"
             )
         the_rank, the_world = resolve_rank(rank, world_size)
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            # The type only: the value may hold credentials.
+            raise TypeError(
+                f"storage_options must be a dict (fsspec's options, or one per protocol), "
+                f"got {type(storage_options).__name__}"
+            )
         return cls(
             batch_size=bs,
             decode=decode,
@@ -212,4 +221,5 @@ class LoaderConfig:
             world_size=the_world,
             pad_shards=bool(pad_shards),
             loader_process=bool(loader_process),
+            storage_options=dict(storage_options) if storage_options is not None else None,
         )

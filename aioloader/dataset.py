@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .pathtable import PathTableBuilder
+from .remote import scheme
 
 __all__ = ["IMAGE_EXTENSIONS", "FileDataset"]
 
@@ -229,9 +230,12 @@ class FileDataset:
 
 
 def _resolve(path: str, base: str | None) -> str:
-    """``path`` joined to ``base`` when it is relative (and tidied: ``a/./b`` -> ``a/b``)."""
-    if base is None or os.path.isabs(path):
+    """``path`` joined to ``base`` when it is relative (and tidied: ``a/./b`` -> ``a/b``).
+    A URL (``s3://...``) is never relative; under a URL ``base``, ``path`` joins with ``/``."""
+    if base is None or os.path.isabs(path) or scheme(path) is not None:
         return path
+    if scheme(base) is not None:
+        return base.rstrip("/") + "/" + path.lstrip("/")
     return os.path.normpath(os.path.join(base, path))
 
 

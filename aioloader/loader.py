@@ -111,6 +111,11 @@ class Loader:
             custom ``collate`` makes anew (not views of its samples) cross the pipe pickled,
             a copy. Where no zygote can be made (see :mod:`aioloader.decode.zygote`), the
             loader runs in-process and logs a warning.
+        storage_options: for ``s3://``, ``gs://``, ``az://`` and ``http(s)://`` paths, the
+            options of their fsspec filesystem (for S3: ``key``, ``secret``, ``token``,
+            ``endpoint_url``, ``client_kwargs``), one dict for every protocol or one per
+            protocol (``{"s3": {...}, "http": {...}}``). Never logged or shown. URLs are read
+            on the event loop, ``io_concurrency`` at once (``pip install 'aioloader[remote]'``).
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -148,6 +153,7 @@ class Loader:
         world_size: int | None = None,
         pad_shards: bool = True,
         loader_process: bool = False,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -175,6 +181,7 @@ class Loader:
             world_size=world_size,
             pad_shards=pad_shards,
             loader_process=loader_process,
+            storage_options=storage_options,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset

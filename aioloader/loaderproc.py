@@ -159,6 +159,10 @@ class Host:
             if tasks:
                 await asyncio.wait(tasks, timeout=5)
             self.held.clear()
+            try:
+                await asyncio.wait_for(self.parts.reader.aclose(), timeout=2.0)
+            except Exception:  # noqa: BLE001 - closing must go on
+                pass
             self.parts.close(grace=1.0)
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:

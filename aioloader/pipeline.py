@@ -102,6 +102,7 @@ def build(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Pip
         config.read,
         config.read_retries,
         on_retry=lambda path, exc: counters.retried(),
+        storage_options=config.storage_options,
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
     engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters)

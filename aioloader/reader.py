@@ -24,7 +24,7 @@ import asyncio
 import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -33,6 +33,7 @@ from aiofiles.os import wrap
 from .decode.protocol import Source
 from .decode.slabs import Arena
 from .errors import LoaderTimeoutError, ReadError, SampleError
+from .remote import RemoteStore, is_remote, local_path, redact
 from .threads import DaemonThreadPool
 
 __all__ = ["FileReader", "ReadPace", "Source", "read_file"]
@@ -40,14 +41,14 @@ __all__ = ["FileReader", "ReadPace", "Source", "read_file"]
 
 def read_file(path: str) -> bytes:
     """Read a whole file with one open and, for a stable file, one read call."""
-    with open(path, "rb", buffering=0) as f:
+    with open(local_path(path), "rb", buffering=0) as f:
         return f.readall()
 
 
 def _read_into(path: str, arena: Arena) -> Source:
     """Read ``path`` straight into ``arena`` (no intermediate bytes object); the bytes
     themselves when it does not fit or changed size while being read."""
-    with open(path, "rb", buffering=0) as f:
+    with open(local_path(path), "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         off = arena.alloc(size) if size > 0 else None
         if off is None:
@@ -67,7 +68,11 @@ def _read_into(path: str, arena: Arena) -> Source:
 
 def _store(read: Callable[[str], bytes], path: str, arena: Arena) -> Source:
     """Run a custom ``read`` and put its bytes into ``arena`` when they fit."""
-    data = read(path)
+    return _into(read(path), arena)
+
+
+def _into(data: bytes, arena: Arena) -> Source:
+    """``data`` copied into ``arena`` when it fits, else ``data`` itself."""
     off = arena.alloc(len(data)) if data else None
     if off is None:
         return data
@@ -99,15 +104,18 @@ def backoff(attempt: int) -> float:
 def _checked(res: Source | OSError, path: str, index: int, io_concurrency: int) -> Source | SampleError:
     """A read's result as the sample's bytes, or the :class:`ReadError` it is (the cause
     chained without its traceback, whose frames would keep the slab mapped)."""
+    remote = is_remote(path)
+    what = "object" if remote else "file"
+    path = redact(path)
     if isinstance(res, OSError):
         hint = ""
         if res.errno in (errno.EMFILE, errno.ENFILE):
             hint = f"; raise the open-file limit (ulimit -n) or lower io_concurrency={io_concurrency}"
-        err = ReadError(f"cannot read file: {res.strerror or res}{hint}", path=path, index=index)
+        err = ReadError(f"cannot read {what}: {res.strerror or res}{hint}", path=path, index=index)
         err.__cause__ = res.with_traceback(None)
         return err
     if (res[1] if isinstance(res, tuple) else len(res)) == 0:
-        return ReadError("empty file", path=path, index=index)
+        return ReadError(f"empty {what}", path=path, index=index)
     return res
 
 
@@ -182,8 +190,11 @@ class FileReader:
         read: Callable[[str], bytes] | None = None,
         retries: int = 2,
         on_retry: Callable[[str, OSError], None] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.io_concurrency = io_concurrency
+        # URLs go to the remote store unless a custom ``read`` takes every path itself.
+        self.remote = RemoteStore(storage_options, io_concurrency) if read is None else None
         self.retries = retries
         self._on_retry = on_retry
         self.pace = ReadPace()
@@ -199,13 +210,25 @@ class FileReader:
     async def read(self, path: str, failed: OSError | None = None) -> bytes:
         """The file's bytes; raises the ``OSError`` of the last failed try. ``failed``: a
         first try already failed with that (transient) error."""
+        if self.remote is not None and is_remote(path):
+            got: bytes = await self._retrying(path, failed, self._cat, path, None)
+            return got
         data: bytes = await self._retrying(path, failed, self._read, path)
         return data
 
     async def read_into(self, path: str, arena: Arena, failed: OSError | None = None) -> Source:
         """Like :meth:`read`, but into ``arena`` when the file fits (one executor hop)."""
+        if self.remote is not None and is_remote(path):
+            got: Source = await self._retrying(path, failed, self._cat, path, arena)
+            return got
         src: Source = await self._retrying(path, failed, self._read_into, path, arena)
         return src
+
+    async def _cat(self, url: str, arena: Arena | None, executor: Any = None) -> Source:
+        """A remote object, awaited on this loop (no thread); into ``arena`` when it fits."""
+        assert self.remote is not None
+        data = await self.remote.cat(url)
+        return data if arena is None else _into(data, arena)
 
     async def fetch_many(
         self, items: list[tuple[int, str]], arena: Arena | None, timeout: float | None
@@ -215,7 +238,8 @@ class FileReader:
         them), several files are read in one hop (see the module docstring)."""
         done: list[Source | SampleError] = []
         failed: OSError | None = None  # a transient error of the group: retried below
-        if timeout is None and self.pace.fast and len(items) > 1:
+        local = self.remote is None or not any(is_remote(path) for _, path in items)
+        if timeout is None and self.pace.fast and len(items) > 1 and local:
             paths = [path for _, path in items]
             one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
             if self._sem is None:
@@ -303,6 +327,11 @@ class FileReader:
                 if self._on_retry is not None:
                     self._on_retry(path, exc)
                 await asyncio.sleep(backoff(attempt))
+
+    async def aclose(self) -> None:
+        """Close the remote store's connections (on the loader's loop, before it stops)."""
+        if self.remote is not None:
+            await self.remote.aclose()
 
     def close(self, grace: float = 2.0) -> list[str]:
         """Stop the I/O threads; returns the names of those abandoned in a hung read."""

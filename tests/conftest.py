@@ -117,3 +117,58 @@ def frontend(request: pytest.FixtureRequest) -> Iterator[Driver]:
         yield drive
     finally:
         drive.finish()
+
+
+# -- real servers on loopback (remote storage) ----------------------------------------------
+
+BUCKET = "aioloader-test"
+S3_KEYS = {"key": "testing-key-id", "secret": "testing-secret-do-not-show"}
+
+
+@pytest.fixture(scope="session")
+def moto_s3(numbered: list[str]) -> Iterator[dict[str, object]]:
+    """moto's S3 server on 127.0.0.1 with ``numbered``'s files under
+    ``s3://aioloader-test/numbered/``; yields the loader's ``storage_options``."""
+    pytest.importorskip("s3fs")
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("moto")
+    from servers import start_moto
+
+    server = start_moto()
+    try:
+        client = boto3.client(
+            "s3",
+            endpoint_url=server.url,
+            aws_access_key_id=S3_KEYS["key"],
+            aws_secret_access_key=S3_KEYS["secret"],
+            region_name="us-east-1",
+        )
+        client.create_bucket(Bucket=BUCKET)
+        for p in numbered:
+            client.upload_file(p, BUCKET, f"numbered/{os.path.basename(p)}")
+        yield {**S3_KEYS, "endpoint_url": server.url, "client_kwargs": {"region_name": "us-east-1"}}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _file_server(numbered: list[str]) -> Iterator[str]:
+    pytest.importorskip("aiohttp")
+    from servers import start_file_server
+
+    server = start_file_server(Path(numbered[0]).parent)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def http_files(_file_server: str) -> Iterator[str]:
+    """The aiohttp file server serving ``numbered``'s folder at this URL (no latency, no
+    faults unless the test sets them with ``servers.control``)."""
+    from servers import control
+
+    control(_file_server, latency_ms=0, fail_first=0, reset_every=0, fail_status=503)
+    yield _file_server
+    control(_file_server, latency_ms=0, fail_first=0, reset_every=0, fail_status=503)

@@ -1,0 +1,241 @@
+"""Reads of object storage and HTTP: ``s3://``, ``gs://``, ``az://``, ``http(s)://`` URLs,
+awaited on the loader's own event loop through fsspec's asynchronous filesystems (s3fs on
+aiobotocore, gcsfs, adlfs, aiohttp for HTTP). Thousands of reads in flight cost coroutines
+and pooled connections, not threads. Needs ``pip install 'aioloader[remote]'``.
+
+What a failed read becomes (``DESIGN.md``, "Remote storage"):
+
+- throttling (HTTP 429/500/502/503/504, S3 SlowDown), timeouts, connection resets and a body
+  cut short: :class:`RemoteReadError` with ``errno.EAGAIN``, so the reader tries again with
+  backoff (``read_retries``, counted in ``stats.read_retries``);
+- a missing object (404) or a per-object AccessDenied (403): :class:`RemoteReadError` with
+  ``ENOENT``/``EACCES``, a :class:`~aioloader.ReadError` naming the URL, subject to
+  ``on_error``;
+- refused credentials, or an endpoint that cannot be reached before any read of it
+  succeeded: one :class:`~aioloader.LoaderError` that stops the loader, whatever
+  ``on_error`` says.
+
+Credentials never appear in what this module raises or logs: URLs are shown by
+:func:`redact` (no user info, no signature or token in the query), and
+``storage_options`` are never formatted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .errors import LoaderError
+
+__all__ = [
+    "RemoteReadError",
+    "RemoteStore",
+    "is_remote",
+    "local_path",
+    "options_for",
+    "redact",
+    "scheme",
+]
+
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+#: Schemes fsspec serves asynchronously, and the package that does it.
+BACKENDS = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "http": "aiohttp",
+    "https": "aiohttp",
+}
+_SECRET_QUERY = re.compile(r"(sig|signature|token|key|credential|secret|password)", re.IGNORECASE)
+_THROTTLED = {429, 500, 502, 503, 504}
+_BAD_CREDENTIALS = (
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "AuthFailure",
+    "InvalidClientTokenId",
+)
+_THROTTLE_WORDS = ("SlowDown", "Throttl", "ServiceUnavailable", "RequestTimeout", "InternalError")
+
+
+def scheme(path: str) -> str | None:
+    """The URL scheme of ``path`` in lower case (``'s3'``, ``'file'``), or None for a plain
+    path."""
+    m = _SCHEME.match(path)
+    return m.group(1).lower() if m else None
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is read through :class:`RemoteStore` (a URL other than ``file://``)."""
+    s = scheme(path)
+    return s is not None and s != "file"
+
+
+def local_path(path: str) -> str:
+    """``file:///a/b`` -> ``/a/b``; any other path unchanged."""
+    return path[len("file://") :] if scheme(path) == "file" else path
+
+
+def redact(url: str) -> str:
+    """``url`` fit for a log line or an error: no ``user:password@``, and the values of
+    query parameters that look like signatures, tokens or keys replaced by ``***``."""
+    if not is_remote(url):
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.split("?", 1)[0]
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if _SECRET_QUERY.search(k) else v) for k, v in pairs])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def options_for(storage_options: Mapping[str, Any] | None, protocol: str) -> dict[str, Any]:
+    """The options for ``protocol``: a dict keyed by protocol (``{"s3": {...}}``) gives that
+    protocol's entry (``https`` falls back to ``http``), a flat dict applies to every
+    protocol."""
+    if not storage_options:
+        return {}
+    keyed = all(isinstance(v, Mapping) and k in BACKENDS for k, v in storage_options.items())
+    if keyed:
+        entry = storage_options.get(protocol)
+        if entry is None and protocol == "https":
+            entry = storage_options.get("http")
+        if entry is None and protocol == "s3a":
+            entry = storage_options.get("s3")
+        return dict(entry or {})
+    return dict(storage_options)
+
+
+class RemoteReadError(OSError):
+    """A remote read that failed for this sample (``errno``: ``EAGAIN`` worth another try,
+    ``ENOENT`` missing, ``EACCES`` refused); the message names nothing secret."""
+
+
+class RemoteStore:
+    """The asynchronous filesystems of one loader, one per protocol, made on first use on
+    the loader's loop and closed by :meth:`aclose`; their connection pools hold
+    ``io_concurrency`` connections and live across epochs."""
+
+    def __init__(self, storage_options: Mapping[str, Any] | None, io_concurrency: int) -> None:
+        self._options = storage_options
+        self._io = io_concurrency
+        self._fs: dict[str, Any] = {}
+        self._ok: set[str] = set()  # protocols with a successful read: their endpoint is up
+
+    def _filesystem(self, protocol: str) -> Any:
+        fs = self._fs.get(protocol)
+        if fs is not None:
+            return fs
+        try:
+            import fsspec
+        except ImportError as exc:
+            raise LoaderError(
+                f"reading {protocol}:// URLs needs fsspec and {BACKENDS.get(protocol, 'its backend')}: "
+                "pip install 'aioloader[remote]'"
+            ) from exc
+        opts = options_for(self._options, protocol)
+        if protocol in ("s3", "s3a"):
+            config = dict(opts.pop("config_kwargs", None) or {})
+            config.setdefault("max_pool_connections", self._io)
+            opts["config_kwargs"] = config
+        try:
+            fs = fsspec.filesystem(
+                "s3" if protocol == "s3a" else protocol,
+                asynchronous=True,
+                loop=asyncio.get_running_loop(),
+                skip_instance_cache=True,
+                **opts,
+            )
+        except ImportError as exc:
+            raise LoaderError(
+                f"reading {protocol}:// URLs needs {BACKENDS.get(protocol, 'an fsspec backend')}: "
+                "pip install 'aioloader[remote]'"
+            ) from exc
+        except ValueError as exc:  # fsspec: "Protocol not known"
+            raise LoaderError(f"no fsspec filesystem reads {protocol}:// URLs: {exc}") from None
+        self._fs[protocol] = fs
+        return fs
+
+    async def cat(self, url: str) -> bytes:
+        """The whole object at ``url``. Raises :class:`RemoteReadError` for this sample, or
+        :class:`LoaderError` when no read can succeed (see the module docstring)."""
+        protocol = scheme(url) or "file"
+        fs = self._filesystem(protocol)
+        try:
+            data: bytes = await fs._cat_file(url)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - classified below
+            raise self._classify(exc, url, protocol) from None
+        self._ok.add(protocol)
+        return data
+
+    def _classify(self, exc: BaseException, url: str, protocol: str) -> BaseException:
+        shown = redact(url)
+        text = f"{type(exc).__name__}: {exc}"
+        if any(word in text for word in _BAD_CREDENTIALS):
+            code = next(word for word in _BAD_CREDENTIALS if word in text)
+            return LoaderError(f"the credentials for {protocol}:// were refused ({code}) reading {shown}")
+        status = getattr(exc, "status", None)
+        if isinstance(exc, FileNotFoundError) or status == 404:
+            return RemoteReadError(errno.ENOENT, "not found (404)")
+        if isinstance(exc, PermissionError) or status == 403:
+            return RemoteReadError(errno.EACCES, "access denied (403)")
+        if isinstance(status, int) and status in _THROTTLED:
+            return RemoteReadError(errno.EAGAIN, f"the server answered {status}")
+        if any(word in text for word in _THROTTLE_WORDS):
+            return RemoteReadError(errno.EAGAIN, "throttled or unavailable")
+        if _unreachable(exc) and protocol not in self._ok:
+            return LoaderError(
+                f"cannot reach the {protocol}:// endpoint reading {shown}: {type(exc).__name__}"
+            )
+        if isinstance(exc, (asyncio.TimeoutError, ConnectionError, OSError)) or _is_client_error(exc):
+            return RemoteReadError(errno.EAGAIN, f"connection failed: {type(exc).__name__}")
+        return RemoteReadError(errno.EIO, f"read failed: {type(exc).__name__}")
+
+    async def aclose(self) -> None:
+        """Close every filesystem's connections (on the loader's loop, before it stops)."""
+        fss, self._fs = list(self._fs.values()), {}
+        for fs in fss:
+            try:
+                await _close_fs(fs)
+            except Exception:  # noqa: BLE001 - closing must not fail a shutdown
+                pass
+
+
+def _unreachable(exc: BaseException) -> bool:
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(
+        names & {"ClientConnectorError", "EndpointConnectionError", "ConnectTimeoutError"}
+    ) or isinstance(exc, ConnectionRefusedError)
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    """aiohttp's and botocore's transport errors (disconnects, short payloads)."""
+    return any(
+        c.__name__ in ("ClientError", "ClientPayloadError", "ServerDisconnectedError", "HTTPClientError")
+        for c in type(exc).__mro__
+    )
+
+
+async def _close_fs(fs: Any) -> None:
+    s3 = getattr(fs, "_s3", None)
+    if s3 is not None:  # s3fs: the aiobotocore client
+        await s3.__aexit__(None, None, None)
+        return
+    session = getattr(fs, "_session", None)
+    if session is not None:  # HTTPFileSystem: the aiohttp session
+        await session.close()

@@ -1,0 +1,151 @@
+"""Real servers on loopback for the remote-storage tests (and benchmarks/remote.py): moto's S3
+server and an aiohttp file server that can add latency and inject faults. Each runs as a
+subprocess on 127.0.0.1 at a free port and is stopped by its PID.
+
+The file server is this module run as a script::
+
+    python tests/servers.py ROOT PORT
+
+``POST /_control`` with a JSON body sets, for every later request: ``latency_ms`` (added to
+each response), ``fail_first`` (the first N requests of each path answer 503),
+``reset_every`` (every K-th response is cut short: headers announce the full length, the
+connection drops halfway through the body) and ``fail_status`` (the status of those
+failures, default 503). ``GET /_stats`` returns the request count.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["Server", "control", "free_port", "start_file_server", "start_moto"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A server subprocess at ``url``; :meth:`stop` ends it by its PID."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str) -> None:
+        self.proc = proc
+        self.url = url
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+def start_moto() -> Server:
+    """moto's S3 server (``moto[server]``) on 127.0.0.1; it accepts any credentials."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_listening(proc, port, "moto's S3 server")
+    return Server(proc, f"http://127.0.0.1:{port}")
+
+
+def start_file_server(root: Path) -> Server:
+    """The aiohttp file server of this module, serving ``root``."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), str(root), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_listening(proc, port, "the file server")
+    return Server(proc, f"http://127.0.0.1:{port}")
+
+
+def control(url: str, **settings: float) -> None:
+    """Set the file server at ``url``'s latency and faults (see the module docstring)."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"{url}/_control", data=json.dumps(settings).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+
+
+def _serve(root: Path, port: int) -> None:  # pragma: no cover - runs in the server process
+    import asyncio
+    from collections import Counter
+
+    from aiohttp import web
+
+    control = {"latency_ms": 0.0, "fail_first": 0, "reset_every": 0, "fail_status": 503}
+    seen: Counter[str] = Counter()
+    total = [0]
+
+    async def set_control(request: web.Request) -> web.Response:
+        control.update(await request.json())
+        seen.clear()
+        return web.json_response(control)
+
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"requests": total[0]})
+
+    async def serve_file(request: web.Request) -> web.StreamResponse:
+        total[0] += 1
+        rel = request.match_info["path"]
+        if control["latency_ms"]:
+            await asyncio.sleep(float(control["latency_ms"]) / 1e3)
+        seen[rel] += 1
+        if seen[rel] <= int(control["fail_first"]):
+            return web.Response(status=int(control["fail_status"]), text="try again")
+        path = (root / rel).resolve()
+        if root not in path.parents or not path.is_file():
+            return web.Response(status=404, text="no such object")
+        data = path.read_bytes()
+        every = int(control["reset_every"])
+        if every and total[0] % every == 0:
+            resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
+            await resp.prepare(request)
+            await resp.write(data[: len(data) // 2])
+            assert request.transport is not None
+            request.transport.close()  # the body is cut short: the client sees a short payload
+            return resp
+        return web.Response(body=data)
+
+    app = web.Application()
+    app.router.add_post("/_control", set_control)
+    app.router.add_get("/_stats", stats)
+    app.router.add_get("/{path:.+}", serve_file)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    _serve(Path(sys.argv[1]).resolve(), int(sys.argv[2]))

@@ -1,0 +1,143 @@
+"""Object storage and HTTP: real servers on loopback (tests/servers.py: moto's S3 server, an
+aiohttp file server with latency and faults), real reads on the loader's event loop.
+
+Each case runs in the trainer's process and with ``loader_process=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import decode_number
+from servers import control
+
+from aioloader import Loader, LoaderError, ReadError
+
+pytest.importorskip("fsspec")
+
+
+@pytest.fixture(params=[False, True], ids=["thread", "process"])
+def process(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+def values(batches: list[Any]) -> list[list[int]]:
+    return [[int(v) for v in b] for b in batches]
+
+
+def test_s3_batches_equal_those_of_the_local_copy(
+    moto_s3: dict[str, object], numbered: list[str], process: bool
+) -> None:
+    urls = [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered]
+    kw: dict[str, Any] = {"batch_size": 5, "decode": decode_number, "seed": 7, "num_workers": 2}
+    with Loader(urls, storage_options=moto_s3, loader_process=process, **kw) as loader:
+        remote = [values(list(loader)) for _ in range(2)]
+        stats = loader.stats
+    with Loader(numbered, **kw) as loader:
+        local = [values(list(loader)) for _ in range(2)]
+    assert remote == local
+    assert stats.bytes_read == 2 * sum(os.path.getsize(p) for p in numbered)
+
+
+def test_http_urls_file_urls_and_paths_mix(http_files: str, numbered: list[str], process: bool) -> None:
+    names = [os.path.basename(p) for p in numbered]
+    mixed = [
+        f"{http_files}/{n}" if i % 3 == 0 else (f"file://{p}" if i % 3 == 1 else p)
+        for i, (n, p) in enumerate(zip(names, numbered, strict=True))
+    ]
+    with Loader(
+        mixed, batch_size=4, decode=decode_number, shuffle=False, num_workers=1, loader_process=process
+    ) as loader:
+        assert [v for b in values(list(loader)) for v in b] == list(range(len(numbered)))
+
+
+def test_a_missing_object_is_a_read_error_naming_the_url(
+    moto_s3: dict[str, object], numbered: list[str], process: bool
+) -> None:
+    urls = [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered[:4]]
+    missing = "s3://aioloader-test/numbered/nope.txt"
+    opts: dict[str, Any] = {"storage_options": moto_s3, "loader_process": process, "num_workers": 1}
+    loader = Loader([*urls, missing], batch_size=5, decode=decode_number, shuffle=False, **opts)
+    with loader, pytest.raises(ReadError, match="not found") as info:
+        list(loader)
+    assert info.value.path == missing and info.value.index == 4
+    with Loader(
+        [*urls, missing], batch_size=5, decode=decode_number, shuffle=False, on_error="skip", **opts
+    ) as loader:
+        assert values(list(loader)) == [[0, 1, 2, 3]]
+        assert loader.stats.failures_by_reason == {"ReadError": 1}
+        assert loader.stats.last_failed_paths == (missing,)
+
+
+def test_throttling_and_cut_bodies_are_retried_and_counted(
+    http_files: str, numbered: list[str], process: bool
+) -> None:
+    """Every object answers 503 twice before it is served, and every 7th response is cut off
+    halfway: each sample still arrives exactly once, whole, and the retries are counted."""
+    control(http_files, fail_first=2, reset_every=7)
+    urls = [f"{http_files}/{os.path.basename(p)}" for p in numbered]
+    with Loader(
+        urls,
+        batch_size=8,
+        decode=decode_number,
+        shuffle=False,
+        num_workers=1,
+        read_retries=4,
+        loader_process=process,
+    ) as loader:
+        got = [v for b in values(list(loader)) for v in b]
+        stats = loader.stats
+    assert got == list(range(len(numbered)))
+    assert stats.read_retries >= 2 * len(numbered) and stats.failures == 0
+
+
+def test_an_unreachable_endpoint_is_one_loader_error(numbered: list[str], process: bool) -> None:
+    from servers import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    urls = [f"{dead}/{os.path.basename(p)}" for p in numbered]
+    with (
+        Loader(
+            urls, batch_size=4, decode=decode_number, on_error="skip", num_workers=1, loader_process=process
+        ) as loader,
+        pytest.raises(LoaderError, match="cannot reach the http:// endpoint") as info,
+    ):
+        list(loader)
+    assert not isinstance(info.value, ReadError)  # not per sample: on_error="skip" does not hide it
+
+
+def test_credentials_are_never_shown(moto_s3: dict[str, object], numbered: list[str], tmp_path: Path) -> None:
+    secret = str(moto_s3["secret"])
+    missing = "s3://aioloader-test/numbered/nope.txt"
+    urls = [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered[:3]] + [missing]
+    with Loader(
+        urls, batch_size=2, decode=decode_number, on_error="skip", num_workers=1, storage_options=moto_s3
+    ) as loader:
+        list(loader)
+        shown = [repr(loader), repr(loader.config), repr(loader.stats), json.dumps(loader.state_dict())]
+    assert not any(secret in s for s in shown)
+    # A URL that carries a user and a signed query: its errors show neither.
+    signed = "http://user:pa55word@127.0.0.1:1/obj.txt?X-Amz-Signature=abcdef123&part=2"
+    loader = Loader([signed], batch_size=1, decode=decode_number, num_workers=1)
+    with loader, pytest.raises(LoaderError) as info:
+        list(loader)
+    text = str(info.value)
+    assert "pa55word" not in text and "abcdef123" not in text and "127.0.0.1:1" in text
+
+
+def test_thousands_of_reads_in_flight_cost_no_threads(http_files: str, numbered: list[str]) -> None:
+    """Every response waits 300 ms: all 37 reads must be in flight at once (one batch
+    in about one latency), with no I/O thread started for them."""
+    control(http_files, latency_ms=300)
+    urls = [f"{http_files}/{os.path.basename(p)}" for p in numbered]
+    with Loader(urls, batch_size=37, decode=decode_number, num_workers=1, io_concurrency=64) as loader:
+        assert sorted(v for b in values(list(loader)) for v in b) == list(range(len(numbered)))
+        io_threads = [t.name for t in threading.enumerate() if t.name.startswith("aioloader-io")]
+        waited = loader.stats.epoch_seconds
+    assert io_threads == []
+    assert waited < 37 * 0.3 / 4  # far from one read at a time (a bound, not a timing claim)
