@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import os
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .pathtable import PathTableBuilder
-from .remote import scheme
+from .remote import is_remote, list_folder, local_path, redact, scheme
 
 __all__ = ["IMAGE_EXTENSIONS", "FileDataset"]
 
@@ -119,20 +119,30 @@ class FileDataset:
 
     @classmethod
     def from_folder(
-        cls, root: StrPath, *, extensions: Iterable[str] | None = IMAGE_EXTENSIONS
+        cls,
+        root: StrPath,
+        *,
+        extensions: Iterable[str] | None = IMAGE_EXTENSIONS,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> FileDataset:
         """ImageFolder layout: ``root/<class>/**/<file>``; sorted class folders get labels
         0..K-1. Hidden files and folders (``.name``) are skipped; ``extensions`` filters
         files by suffix (case-insensitive; None keeps every file). Files are sorted, so the
-        order does not depend on the file system."""
-        top = Path(root)
-        if not top.is_dir():
-            raise FileNotFoundError(f"from_folder: root folder {os.fspath(top)!r} does not exist")
+        order does not depend on the file system.
+
+        ``root`` may be a prefix in object storage (``s3://bucket/train/``, ``gs://``,
+        ``az://``): the class prefixes are then listed concurrently, with
+        ``storage_options`` (as for :class:`~aioloader.Loader`)."""
         exts = (
             None
             if extensions is None
             else {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
         )
+        if isinstance(root, str) and is_remote(root):
+            return cls._from_remote_folder(root, exts, storage_options)
+        top = Path(local_path(os.fspath(root)))
+        if not top.is_dir():
+            raise FileNotFoundError(f"from_folder: root folder {os.fspath(top)!r} does not exist")
         classes = sorted(d.name for d in top.iterdir() if d.is_dir() and not d.name.startswith("."))
         if not classes:
             raise ValueError(f"from_folder: {os.fspath(top)!r} has no class sub-folders")
@@ -154,6 +164,26 @@ class FileDataset:
         if not paths:
             raise ValueError(
                 f"from_folder: no files with extensions {sorted(exts or [])} under {os.fspath(top)!r}"
+            )
+        return cls(paths, labels, classes=classes)
+
+    @classmethod
+    def _from_remote_folder(
+        cls, root: str, exts: set[str] | None, storage_options: Mapping[str, Any] | None
+    ) -> FileDataset:
+        listed = list_folder(root, storage_options)
+        if not listed:
+            raise ValueError(f"from_folder: {redact(root)!r} has no class prefixes")
+        paths: list[str] = []
+        labels: list[int] = []
+        classes = sorted(listed)
+        for label, name in enumerate(classes):
+            found = [u for u in listed[name] if exts is None or os.path.splitext(u)[1].lower() in exts]
+            paths.extend(found)
+            labels.extend([label] * len(found))
+        if not paths:
+            raise ValueError(
+                f"from_folder: no files with extensions {sorted(exts or [])} under {redact(root)!r}"
             )
         return cls(paths, labels, classes=classes)
 

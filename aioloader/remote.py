@@ -239,3 +239,62 @@ async def _close_fs(fs: Any) -> None:
     session = getattr(fs, "_session", None)
     if session is not None:  # HTTPFileSystem: the aiohttp session
         await session.close()
+
+
+def list_folder(
+    root: str, storage_options: Mapping[str, Any] | None, concurrent: bool = True
+) -> dict[str, list[str]]:
+    """``{class: its object URLs}`` for the ImageFolder layout ``root/<class>/**`` in object
+    storage: the class prefixes are listed concurrently (each listing paginated by the
+    backend), or one after another with ``concurrent=False``. Hidden names (``.x``) are
+    left out at every level. Runs its own event loop on a thread of its own, so it works
+    inside a running loop too."""
+    protocol = scheme(root) or "file"
+    if protocol in ("http", "https"):
+        raise ValueError(f"from_folder: {redact(root)} cannot be listed (HTTP has no listing)")
+    out: dict[str, list[str]] = {}
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        store = RemoteStore(storage_options, 64)
+        try:
+            fs = store._filesystem(protocol)
+            if hasattr(fs, "set_session"):
+                await fs.set_session()
+            base = root.rstrip("/")
+            entries = await fs._ls(base, detail=True)
+            classes = sorted(
+                e["name"].rstrip("/").rsplit("/", 1)[-1]
+                for e in entries
+                if e.get("type") == "directory"
+                and not e["name"].rstrip("/").rsplit("/", 1)[-1].startswith(".")
+            )
+
+            async def find(name: str) -> list[str]:
+                found = await fs._find(f"{base}/{name}")
+                keep = []
+                for key in sorted(found):
+                    rel = key.split(f"/{name}/", 1)[-1]
+                    if any(part.startswith(".") for part in rel.split("/")):
+                        continue
+                    keep.append(key if scheme(key) else f"{protocol}://{key}")
+                return keep
+
+            if concurrent:
+                lists = await asyncio.gather(*(find(c) for c in classes))
+            else:
+                lists = [await find(c) for c in classes]
+            out.update(zip(classes, lists, strict=True))
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            errors.append(exc)
+        finally:
+            await store.aclose()
+
+    import threading
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), name="aioloader-list", daemon=True)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return out

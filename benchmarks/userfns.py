@@ -92,6 +92,31 @@ class TimedRead:
         return read_file(path)
 
 
+class FsspecRead:
+    """What users write today to read a URL inside ``Dataset.__getitem__``: fsspec's blocking
+    ``cat_file`` (one request at a time per worker). The filesystem is made in the process
+    that first reads (a DataLoader worker), never shared across a fork."""
+
+    def __init__(self, protocol: str = "http", **options: Any) -> None:
+        self.protocol, self.options = protocol, options
+        self._fs: Any = None
+        self._pid = 0
+
+    def __call__(self, url: str) -> bytes:
+        if self._fs is None or self._pid != os.getpid():
+            import fsspec
+
+            self._fs, self._pid = (
+                fsspec.filesystem(self.protocol, skip_instance_cache=True, **self.options),
+                os.getpid(),
+            )
+        data: bytes = self._fs.cat_file(url)
+        return data
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"protocol": self.protocol, "options": self.options, "_fs": None, "_pid": 0}
+
+
 class PeerDataset(Dataset[Any]):
     """The DataLoader peer's Dataset: read + decode in the worker. ``decode(data, rng)`` gets
     a NumPy generator per worker when ``takes_rng`` (the user functions), else

@@ -186,7 +186,8 @@ class FailingImage:
 
 def shared_helper_pids() -> set[int]:
     """The process-wide helpers: aioloader's zygote and multiprocessing's fork server (the
-    workers' parent) and resource tracker. They outlive every loader by design."""
+    workers' parent) and resource tracker, and the tests' loopback servers (servers.py).
+    They outlive every loader by design."""
     from multiprocessing import forkserver, resource_tracker
 
     from aioloader.decode import zygote
@@ -197,6 +198,9 @@ def shared_helper_pids() -> set[int]:
     for pid in (fs, rt, zygote.pid()):
         if pid:
             pids.add(pid)
+    servers = sys.modules.get("servers")  # the remote-storage tests' loopback servers
+    if servers is not None:
+        pids |= servers.RUNNING
     return pids
 
 

@@ -22,7 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["Server", "control", "free_port", "start_file_server", "start_moto"]
+__all__ = ["RUNNING", "Server", "control", "free_port", "start_file_server", "start_moto"]
+
+#: PIDs of the servers running now: process-wide helpers, like the fork server, for the
+#: tests' leak checks (tests/helpers.py, ``shared_helper_pids``).
+RUNNING: set[int] = set()
 
 
 def free_port() -> int:
@@ -37,12 +41,14 @@ class Server:
     def __init__(self, proc: subprocess.Popen[bytes], url: str) -> None:
         self.proc = proc
         self.url = url
+        RUNNING.add(proc.pid)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def stop(self) -> None:
+        RUNNING.discard(self.proc.pid)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -16,7 +16,7 @@ import pytest
 from helpers import decode_number
 from servers import control
 
-from aioloader import Loader, LoaderError, ReadError
+from aioloader import FileDataset, Loader, LoaderError, ReadError
 
 pytest.importorskip("fsspec")
 
@@ -141,3 +141,35 @@ def test_thousands_of_reads_in_flight_cost_no_threads(http_files: str, numbered:
         waited = loader.stats.epoch_seconds
     assert io_threads == []
     assert waited < 37 * 0.3 / 4  # far from one read at a time (a bound, not a timing claim)
+
+
+def test_from_folder_on_a_bucket_matches_the_local_folder(
+    moto_s3: dict[str, object], image_folder: Path
+) -> None:
+    """The same ImageFolder, on disk and uploaded under a prefix (with a hidden object and
+    a file of another type beside the images): same classes, same labels, same order."""
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=str(moto_s3["endpoint_url"]),
+        aws_access_key_id=str(moto_s3["key"]),
+        aws_secret_access_key=str(moto_s3["secret"]),
+        region_name="us-east-1",
+    )
+    for path in sorted(image_folder.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), "aioloader-test", f"folder/{path.relative_to(image_folder)}")
+    client.put_object(Bucket="aioloader-test", Key="folder/class_00/.hidden.jpg", Body=b"x")
+    client.put_object(Bucket="aioloader-test", Key="folder/class_00/notes.txt", Body=b"x")
+    local = FileDataset.from_folder(image_folder)
+    remote = FileDataset.from_folder("s3://aioloader-test/folder/", storage_options=moto_s3)
+    assert remote.classes == local.classes
+    rel = [p.split("/folder/", 1)[1] for p in remote.paths]
+    assert rel == [os.path.relpath(p, image_folder) for p in local.paths]
+    assert remote.labels is not None and local.labels is not None
+    assert remote.labels.tolist() == local.labels.tolist()
+    assert all(p.startswith("s3://aioloader-test/folder/") for p in remote.paths)
+    with Loader(remote, batch_size=8, num_workers=1, storage_options=moto_s3, shuffle=False) as loader:
+        images, labels = next(iter(loader))
+    assert images.shape == (8, 3, 224, 224) and labels.tolist() == local.labels[:8].tolist()

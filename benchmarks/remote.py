@@ -1,0 +1,171 @@
+"""Remote storage: the same JPEGs served over HTTP by a loopback server that adds L ms to every
+request (``tests/servers.py``, an aiohttp file server on 127.0.0.1), read by aioloader on its
+event loop and by ``torch.utils.data.DataLoader`` whose Dataset calls fsspec's blocking
+``cat_file`` in ``__getitem__`` (what users write today), ``num_workers`` 2 and 8. Both run the
+plain user function ``userfns.random_crop``. Asserts nothing about time.
+
+Reported per latency and loader (medians of ``--rounds`` interleaved rounds, one epoch each,
+start-up included): samples/s, ratio to DataLoader(num_workers=2), share of the decode limit
+(usable cores x single-core decode rate, measured at the start), what the server alone can
+serve (aioloader with ``decode=None``: bytes only), the trainer's process CPU per read, and
+the server process's own CPU per request, so a server-bound run shows as one.
+
+    python benchmarks/remote.py [--images 2000] [--latency 0,20,50] [--rounds 3]
+                                [--workers 2] [--peer-workers 2,8] [--io 64] [--io-slow 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from userfns import FsspecRead, PeerDataset, batch_len, random_crop, read_file
+
+from aioloader import FileDataset, Loader
+from aioloader.config import usable_cpus
+from aioloader.synthetic import make_image_folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from servers import control, start_file_server
+
+HERE = Path(__file__).resolve().parent
+
+
+def proc_cpu(pid: int) -> float:
+    """User+sys CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def decode_rate(paths: list[str], seconds: float = 3.0) -> float:
+    data = [read_file(p) for p in paths[:200]]
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        random_crop(data[n % len(data)])
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+def run(make: Any, server_pid: int) -> tuple[float, float, float, int]:
+    """One epoch from construction: (seconds, trainer CPU seconds, server CPU seconds, samples)."""
+    cpu0, srv0, t0 = time.process_time(), proc_cpu(server_pid), time.perf_counter()
+    loader = make()
+    n = 0
+    try:
+        for batch in loader:
+            n += batch_len(batch)
+    finally:
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+    seconds = time.perf_counter() - t0
+    return seconds, time.process_time() - cpu0, proc_cpu(server_pid) - srv0, n
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    env = os.environ.get("AIOLOADER_CACHE")
+    cache = (Path(env).expanduser() if env else Path.home() / ".cache" / "aioloader") / "bench"
+    p.add_argument("--data-dir", type=Path, default=cache, help="(%(default)s)")
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--latency", default="0,20,50", help="ms added to every request (%(default)s)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2, help="decode processes, both loaders (%(default)s)")
+    p.add_argument("--peer-workers", default="2,8", help="DataLoader num_workers to compare (%(default)s)")
+    p.add_argument("--io", type=int, default=64, help="aioloader io_concurrency below 50 ms (%(default)s)")
+    p.add_argument("--io-slow", type=int, default=256, help="io_concurrency at 50 ms and above (%(default)s)")
+    p.add_argument("--batch-size", type=int, default=64)
+    args = p.parse_args()
+
+    folder = args.data_dir / f"{args.images}img_10cls_500x375"
+    make_image_folder(folder, num_images=args.images, num_classes=10, size=(500, 375))
+    local = FileDataset.from_folder(folder)
+    server = start_file_server(folder)
+    try:
+        urls = [f"{server.url}/{os.path.relpath(p, folder)}" for p in local.paths]
+        files = FileDataset(urls, local.labels, classes=local.classes)
+        cores = usable_cpus()
+        rate = decode_rate(list(local.paths))
+        limit = cores * rate
+        print(
+            f"# decode limit {cores} x {rate:.0f} = {limit:.0f} samples/s; server pid {server.pid}",
+            flush=True,
+        )
+        latencies = [float(x) for x in args.latency.split(",") if x.strip()]
+        peers = [int(x) for x in args.peer_workers.split(",") if x.strip()]
+        results: dict[tuple[float, str], list[tuple[float, float, float, int]]] = defaultdict(list)
+
+        def aio(io: int, decode: Any) -> Any:
+            return lambda: Loader(
+                files, batch_size=args.batch_size, decode=decode, num_workers=args.workers, io_concurrency=io
+            )
+
+        def peer(workers: int) -> Any:
+            return lambda: DataLoader(
+                PeerDataset(files, random_crop, FsspecRead("http")),
+                batch_size=args.batch_size,
+                shuffle=True,
+                num_workers=workers,
+                persistent_workers=False,
+            )
+
+        for r in range(args.rounds):
+            for lat in latencies:
+                control(server.url, latency_ms=lat)
+                io = args.io_slow if lat >= 50 else args.io
+                runs = [(f"DataLoader(num_workers={w})", peer(w)) for w in peers]
+                runs += [(f"aioloader (io_concurrency={io})", aio(io, random_crop))]
+                runs += [("server alone (aioloader, decode=None)", aio(io, None))]
+                for name, make in runs:
+                    res = run(make, server.pid)
+                    results[lat, name].append(res)
+                    print(f"# round {r + 1} +{lat:g} ms {name}: {res[3] / res[0]:.0f} samples/s", flush=True)
+    finally:
+        server.stop()
+
+    med = statistics.median
+    print()
+    print(f"Command: `{shlex.join([os.path.basename(sys.executable), *sys.argv])}`")
+    print()
+    print(
+        f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} CPUs ({cores} usable); "
+        f"Python {sys.version.split()[0]}, torch {torch.__version__}"
+    )
+    print(
+        f"- {args.images} JPEGs 500x375 served by tests/servers.py (aiohttp, 127.0.0.1) with +L ms per "
+        f"request; batch {args.batch_size}; decode userfns.random_crop in {args.workers} processes "
+        f"(aioloader) or num_workers (DataLoader, fsspec cat_file in __getitem__); decode limit "
+        f"{limit:.0f} samples/s; medians of {args.rounds} rounds, one epoch each, start-up included"
+    )
+    print()
+    print(
+        "| +ms | loader | samples/s | vs DataLoader(2) | share of decode limit | share of server alone "
+        "| trainer CPU ms/read | server CPU ms/request |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for lat in latencies:
+        names = [n for (la, n) in results if la == lat]
+        base = med(x[3] / x[0] for x in results[lat, f"DataLoader(num_workers={peers[0]})"])
+        alone = med(x[3] / x[0] for x in results[lat, names[-1]])
+        for name in names:
+            rs = results[lat, name]
+            sps = med(x[3] / x[0] for x in rs)
+            print(
+                f"| {lat:g} | {name} | {sps:.0f} | {sps / base:.2f}x | {sps / limit:.0%} | {sps / alone:.0%} "
+                f"| {med(x[1] / x[3] for x in rs) * 1e3:.3f} | {med(x[2] / x[3] for x in rs) * 1e3:.3f} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
