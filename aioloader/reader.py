@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import random
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -97,8 +98,10 @@ TRANSIENT = frozenset(
 
 
 def backoff(attempt: int) -> float:
-    """Seconds to wait before retry ``attempt`` (1, 2, ...): 50 ms doubling, at most 2 s."""
-    return float(min(2.0, 0.05 * 2 ** (attempt - 1)))
+    """Seconds to wait before retry ``attempt`` (1, 2, ...): 50 ms doubling, at most 2 s,
+    times a random factor in [0.5, 1.5) (jitter: thousands of reads throttled at once must
+    not all come back at the same moment)."""
+    return float(min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random()))
 
 
 def _checked(res: Source | OSError, path: str, index: int, io_concurrency: int) -> Source | SampleError:
@@ -298,7 +301,7 @@ class FileReader:
             failure = exc.with_traceback(None)
         if timed_out:
             raise LoaderTimeoutError(
-                f"read took longer than sample_timeout={timeout}s", path=path, index=index
+                f"read took longer than sample_timeout={timeout}s", path=redact(path), index=index
             )
         checked = _checked(src if failure is None else failure, path, index, self.io_concurrency)
         if isinstance(checked, SampleError):

@@ -142,15 +142,24 @@ class RemoteStore:
         try:
             import fsspec
         except ImportError as exc:
-            raise LoaderError(
-                f"reading {protocol}:// URLs needs fsspec and {BACKENDS.get(protocol, 'its backend')}: "
-                "pip install 'aioloader[remote]'"
-            ) from exc
+            raise LoaderError(f"reading {protocol}:// URLs needs fsspec: {_install_hint(protocol)}") from exc
         opts = options_for(self._options, protocol)
+        # Connection pools sized to the reads in flight (the backends' defaults: 10 for
+        # botocore, 100 for aiohttp, would cap io_concurrency silently).
         if protocol in ("s3", "s3a"):
             config = dict(opts.pop("config_kwargs", None) or {})
             config.setdefault("max_pool_connections", self._io)
             opts["config_kwargs"] = config
+        elif protocol in ("http", "https"):
+            try:
+                import aiohttp
+            except ImportError as exc:
+                raise LoaderError(
+                    "reading http(s):// URLs needs aiohttp: pip install 'aioloader[remote]'"
+                ) from exc
+            client = dict(opts.pop("client_kwargs", None) or {})
+            client.setdefault("connector", aiohttp.TCPConnector(limit=self._io, limit_per_host=self._io))
+            opts["client_kwargs"] = client
         try:
             fs = fsspec.filesystem(
                 "s3" if protocol == "s3a" else protocol,
@@ -160,10 +169,7 @@ class RemoteStore:
                 **opts,
             )
         except ImportError as exc:
-            raise LoaderError(
-                f"reading {protocol}:// URLs needs {BACKENDS.get(protocol, 'an fsspec backend')}: "
-                "pip install 'aioloader[remote]'"
-            ) from exc
+            raise LoaderError(f"reading {protocol}:// URLs needs {_install_hint(protocol)}") from exc
         except ValueError as exc:  # fsspec: "Protocol not known"
             raise LoaderError(f"no fsspec filesystem reads {protocol}:// URLs: {exc}") from None
         self._fs[protocol] = fs
@@ -214,6 +220,15 @@ class RemoteStore:
                 await _close_fs(fs)
             except Exception:  # noqa: BLE001 - closing must not fail a shutdown
                 pass
+
+
+def _install_hint(protocol: str) -> str:
+    package = BACKENDS.get(protocol)
+    if package in ("s3fs", "aiohttp"):
+        return "pip install 'aioloader[remote]'"
+    if package is not None:
+        return f"pip install 'aioloader[remote]' {package}"
+    return "an fsspec filesystem for it (see fsspec's list of implementations)"
 
 
 def _unreachable(exc: BaseException) -> bool:

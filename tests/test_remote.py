@@ -173,3 +173,16 @@ def test_from_folder_on_a_bucket_matches_the_local_folder(
     with Loader(remote, batch_size=8, num_workers=1, storage_options=moto_s3, shuffle=False) as loader:
         images, labels = next(iter(loader))
     assert images.shape == (8, 3, 224, 224) and labels.tolist() == local.labels[:8].tolist()
+
+
+def test_a_protocol_whose_backend_is_missing_names_the_install(numbered: list[str]) -> None:
+    pytest.importorskip("fsspec")
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("gcsfs is installed here")
+    loader = Loader(["gs://bucket/a.jpg"], batch_size=1, decode=decode_number, num_workers=1)
+    with loader, pytest.raises(LoaderError, match=r"pip install 'aioloader\[remote\]' gcsfs"):
+        list(loader)
