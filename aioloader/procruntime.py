@@ -24,7 +24,7 @@ from multiprocessing import connection
 from multiprocessing.connection import Connection
 from typing import Any
 
-from . import gcfreeze, loaderproc, runtime, sigterm, wire
+from . import gcfreeze, loaderproc, runtime, wire
 from .bridge import Bridge
 from .config import LoaderConfig
 from .dataset import FileDataset
@@ -190,28 +190,16 @@ class PipeRun:
         self._channel.control(("cancel", self.id))
 
 
-class ProcessRuntime:
+class ProcessRuntime(runtime.RuntimeBase):
     """A started loader whose pipeline runs in a loader process (see the module)."""
-
-    def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
-        gcfreeze.hold()  # before the zygote's fork, which then shares the frozen pages
-        try:
-            self._start(config, dataset, counters)
-        except BaseException:
-            gcfreeze.release()
-            raise
-        sigterm.hold(runtime._shutdown_all_now)
 
     def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
         ctx = zygote.context()
         where = zygote.address()
         if ctx is None or where is None:
             raise NoZygote
-        self.owner_pid = os.getpid()
         self.config = config
         self.counters = counters
-        self._closed = False
-        self._lock = threading.Lock()
         self._ids = 0
         self._restores = counters.restores
         self.pool = self.slabs = None  # they live in the loader process
@@ -245,7 +233,6 @@ class ProcessRuntime:
             self._stop_process(grace=1.0)
             raise
         self.run: PipeRun | None = None
-        runtime.register(self)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -284,30 +271,8 @@ class ProcessRuntime:
             self.run = run
             return run
 
-    def check_owner(self) -> None:
-        """Refuse use from a forked child (see :meth:`Runtime.check_owner`)."""
-        if os.getpid() != self.owner_pid:
-            raise LoaderError(
-                f"this loader was started in process {self.owner_pid} and cannot be used in a forked "
-                f"child (pid {os.getpid()}); create a new Loader in the child"
-            )
-
-    def shutdown(self, grace: float = 2.0) -> None:
-        """Stop the bridge and the loader process within a few ``grace`` periods;
-        idempotent; a no-op in a forked child."""
-        if os.getpid() != self.owner_pid:
-            return
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            run, self.run = self.run, None
-        runtime.unregister(self)
-        sigterm.release()
-        if threading.current_thread() is self.bridge.thread:
-            threading.Thread(target=self._stop_all, args=(run, grace), name="aioloader-reaper").start()
-            return
-        self._stop_all(run, grace)
+    def _threads(self) -> tuple[threading.Thread, ...]:
+        return (self.bridge.thread,)
 
     def _stop_all(self, run: PipeRun | None, grace: float) -> None:
         try:

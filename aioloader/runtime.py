@@ -28,7 +28,7 @@ from .resume import ResumePoint
 from .sampler import EpochPlan
 from .stats import Counters
 
-__all__ = ["EventLoopThread", "Runtime"]
+__all__ = ["EventLoopThread", "Runtime", "RuntimeBase"]
 
 T = TypeVar("T")
 
@@ -122,55 +122,43 @@ def _shutdown_all_now() -> None:
     _shutdown_all(grace=0.3)
 
 
-class Runtime:
-    """The started loader: threads, processes and the engine, for one loader's lifetime."""
+class RuntimeBase:
+    """What every started loader shares, wherever its pipeline runs: start-up in the order
+    the zygote needs, the owner check, and an idempotent, bounded :meth:`shutdown`.
+    Subclasses provide ``_start``, ``_stop_all`` and ``_threads``."""
+
+    owner_pid: int
+    run: Any
 
     def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
+        self.owner_pid = os.getpid()
+        self._closed = False
+        self._lock = threading.Lock()
         gcfreeze.hold()  # before the zygote's fork, which then shares the frozen pages
         try:
             self._start(config, dataset, counters)
         except BaseException:
             gcfreeze.release()
             raise
+        register(self)
         # After the zygote's fork: the first hold may start the aioloader-signals thread,
         # and the zygote is only forked from a process without loader threads.
         sigterm.hold(_shutdown_all_now)
 
     def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
-        self.owner_pid = os.getpid()
-        self._closed = False
-        self._lock = threading.Lock()
-        self.parts = pipeline.build(config, dataset, counters)
-        self.config = self.parts.config
-        self.pool, self.slabs = self.parts.pool, self.parts.slabs  # for benchmarks/soak.py
-        self.engine = self.parts.engine
-        self.loop_thread = EventLoopThread()
-        self.copier = DeviceCopier(config.device, config.pin_memory)
-        self.bridge = Bridge(self.copier)
-        self.run: Run | None = None
-        register(self)
+        raise NotImplementedError
 
-    def start_run(self, plan: EpochPlan, resume: ResumePoint | None = None) -> Run:
-        """Cancel the current run, if any, and start producing ``plan`` (does not block;
-        ``resume``, the point ``plan`` was made from, matters only to a loader process)."""
-        with self._lock:
-            if self.run is not None:
-                self.run.cancel()
-            loop = self.loop_thread.loop
-            run = Run(loop, self.config.prefetch)
+    def _stop_all(self, run: Any, grace: float) -> None:
+        """Stop everything (``run`` first); ends with ``gcfreeze.release()``."""
+        raise NotImplementedError
 
-            def begin() -> None:
-                if not run.cancelled:
-                    run.task = loop.create_task(self.engine.produce(plan, run.queue))
-
-            loop.call_soon_threadsafe(begin)
-            self.bridge.serve(run)
-            self.run = run
-            return run
+    def _threads(self) -> tuple[threading.Thread, ...]:
+        """This runtime's own threads (a finalizer on one of them cannot join it)."""
+        raise NotImplementedError
 
     def check_owner(self) -> None:
         """Refuse use from a forked child: its copies of the threads do not exist and the
-        worker processes are its parent's."""
+        helper processes are its parent's."""
         if os.getpid() != self.owner_pid:
             raise LoaderError(
                 f"this loader was started in process {self.owner_pid} and cannot be used in a forked "
@@ -191,11 +179,46 @@ class Runtime:
         # Before anything stops: an iterator woken by this close, on the main thread, then
         # finds no loader open and puts SIGTERM's default back (this may be another thread).
         sigterm.release()
-        if threading.current_thread() in (self.loop_thread.thread, self.bridge.thread):
+        if threading.current_thread() in self._threads():
             # Reached from a finalizer on one of our own threads: it cannot join itself.
             threading.Thread(target=self._stop_all, args=(run, grace), name="aioloader-reaper").start()
             return
         self._stop_all(run, grace)
+
+
+class Runtime(RuntimeBase):
+    """The started loader: threads, processes and the engine, for one loader's lifetime."""
+
+    def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
+        self.parts = pipeline.build(config, dataset, counters)
+        self.config = self.parts.config
+        self.pool, self.slabs = self.parts.pool, self.parts.slabs  # for benchmarks/soak.py
+        self.engine = self.parts.engine
+        self.loop_thread = EventLoopThread()
+        self.copier = DeviceCopier(config.device, config.pin_memory)
+        self.bridge = Bridge(self.copier)
+        self.run: Run | None = None
+
+    def _threads(self) -> tuple[threading.Thread, ...]:
+        return (self.loop_thread.thread, self.bridge.thread)
+
+    def start_run(self, plan: EpochPlan, resume: ResumePoint | None = None) -> Run:
+        """Cancel the current run, if any, and start producing ``plan`` (does not block;
+        ``resume``, the point ``plan`` was made from, matters only to a loader process)."""
+        with self._lock:
+            if self.run is not None:
+                self.run.cancel()
+            loop = self.loop_thread.loop
+            run = Run(loop, self.config.prefetch)
+
+            def begin() -> None:
+                if not run.cancelled:
+                    run.task = loop.create_task(self.engine.produce(plan, run.queue))
+
+            loop.call_soon_threadsafe(begin)
+            self.bridge.serve(run)
+            self.run = run
+            return run
 
     def _stop_all(self, run: Run | None, grace: float) -> None:
         try:
