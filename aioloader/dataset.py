@@ -139,52 +139,28 @@ class FileDataset:
             else {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
         )
         if isinstance(root, str) and is_remote(root):
-            return cls._from_remote_folder(root, exts, storage_options)
-        top = Path(local_path(os.fspath(root)))
-        if not top.is_dir():
-            raise FileNotFoundError(f"from_folder: root folder {os.fspath(top)!r} does not exist")
-        classes = sorted(d.name for d in top.iterdir() if d.is_dir() and not d.name.startswith("."))
-        if not classes:
-            raise ValueError(f"from_folder: {os.fspath(top)!r} has no class sub-folders")
-        paths: list[str] = []
-        labels: list[int] = []
-        for label, name in enumerate(classes):
-            found: list[str] = []
-            for dirpath, dirnames, filenames in os.walk(top / name, followlinks=True):
-                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-                for f in filenames:
-                    if f.startswith("."):
-                        continue
-                    if exts is not None and os.path.splitext(f)[1].lower() not in exts:
-                        continue
-                    found.append(os.path.join(dirpath, f))
-            found.sort()
-            paths.extend(found)
-            labels.extend([label] * len(found))
-        if not paths:
-            raise ValueError(
-                f"from_folder: no files with extensions {sorted(exts or [])} under {os.fspath(top)!r}"
-            )
-        return cls(paths, labels, classes=classes)
-
-    @classmethod
-    def _from_remote_folder(
-        cls, root: str, exts: set[str] | None, storage_options: Mapping[str, Any] | None
-    ) -> FileDataset:
-        listed = list_folder(root, storage_options)
-        if not listed:
-            raise ValueError(f"from_folder: {redact(root)!r} has no class prefixes")
-        paths: list[str] = []
-        labels: list[int] = []
+            where = redact(root)
+            listed = list_folder(root, storage_options)
+            if not listed:
+                raise ValueError(f"from_folder: {where!r} has no class prefixes")
+        else:
+            top = Path(local_path(os.fspath(root)))
+            where = os.fspath(top)
+            if not top.is_dir():
+                raise FileNotFoundError(f"from_folder: root folder {where!r} does not exist")
+            names = sorted(d.name for d in top.iterdir() if d.is_dir() and not d.name.startswith("."))
+            if not names:
+                raise ValueError(f"from_folder: {where!r} has no class sub-folders")
+            listed = {name: _walk(top / name) for name in names}
         classes = sorted(listed)
+        paths: list[str] = []
+        labels: list[int] = []
         for label, name in enumerate(classes):
-            found = [u for u in listed[name] if exts is None or os.path.splitext(u)[1].lower() in exts]
+            found = [p for p in listed[name] if exts is None or os.path.splitext(p)[1].lower() in exts]
             paths.extend(found)
             labels.extend([label] * len(found))
         if not paths:
-            raise ValueError(
-                f"from_folder: no files with extensions {sorted(exts or [])} under {redact(root)!r}"
-            )
+            raise ValueError(f"from_folder: no files with extensions {sorted(exts or [])} under {where!r}")
         return cls(paths, labels, classes=classes)
 
     @classmethod
@@ -257,6 +233,16 @@ class FileDataset:
         values = [int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in raw]
         labels, classes = _labels_to_indices(values, where)
         return cls(paths, labels, root=root, classes=classes)
+
+
+def _walk(folder: Path) -> list[str]:
+    """Every file under ``folder``, sorted, hidden files and folders (``.name``) left out."""
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
+    found.sort()
+    return found
 
 
 def _resolve(path: str, base: str | None) -> str:

@@ -46,10 +46,13 @@ def _describe(outcome: object) -> str:
 
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("kind", ["aioloader", "aioloader-process"])
 def test_a_killed_trainer_leaves_nothing(
-    files: list[str], tmp_path: Path, phase: str, sig: signal.Signals
+    files: list[str], tmp_path: Path, kind: str, phase: str, sig: signal.Signals
 ) -> None:
-    outcome = run_case("aioloader", phase, sig, files, tmp_path)
+    """In-process, and with ``loader_process=True`` (the loader process and its workers
+    follow the trainer too)."""
+    outcome = run_case(kind, phase, sig, files, tmp_path)
     assert not outcome.leaked, _describe(outcome)
     assert outcome.returncode == -sig  # SIGTERM still ends the process by SIGTERM
     assert "Traceback" not in outcome.stderr, outcome.stderr
@@ -58,18 +61,6 @@ def test_a_killed_trainer_leaves_nothing(
         # SIGKILL, found nothing left to clean. (Killed inside close() itself, the net
         # may catch what that close had not yet removed.)
         assert "leaked" not in outcome.stderr, outcome.stderr
-
-
-@pytest.mark.parametrize("phase", PHASES)
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_a_killed_trainer_with_a_loader_process_leaves_nothing(
-    files: list[str], tmp_path: Path, phase: str, sig: signal.Signals
-) -> None:
-    """``loader_process=True``: the loader process and its workers follow the trainer."""
-    outcome = run_case("aioloader-process", phase, sig, files, tmp_path)
-    assert not outcome.leaked, _describe(outcome)
-    assert outcome.returncode == -sig
-    assert "Traceback" not in outcome.stderr, outcome.stderr
 
 
 @pytest.mark.parametrize("kind", ["aioloader", "aioloader-process"])
