@@ -12,6 +12,7 @@ the server process's own CPU per request, so a server-bound run shows as one.
 
     python benchmarks/remote.py [--images 2000] [--latency 0,20,50] [--rounds 3]
                                 [--workers 2] [--peer-workers 2,8] [--io 64] [--io-slow 256]
+                                [--loader-process]
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def main() -> int:
     p.add_argument("--io", type=int, default=64, help="aioloader io_concurrency below 50 ms (%(default)s)")
     p.add_argument("--io-slow", type=int, default=256, help="io_concurrency at 50 ms and above (%(default)s)")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--loader-process", action="store_true", help="also aioloader with loader_process=True")
     args = p.parse_args()
 
     folder = args.data_dir / f"{args.images}img_10cls_500x375"
@@ -105,9 +107,14 @@ def main() -> int:
         peers = [int(x) for x in args.peer_workers.split(",") if x.strip()]
         results: dict[tuple[float, str], list[tuple[float, float, float, int]]] = defaultdict(list)
 
-        def aio(io: int, decode: Any) -> Any:
+        def aio(io: int, decode: Any, process: bool = False) -> Any:
             return lambda: Loader(
-                files, batch_size=args.batch_size, decode=decode, num_workers=args.workers, io_concurrency=io
+                files,
+                batch_size=args.batch_size,
+                decode=decode,
+                num_workers=args.workers,
+                io_concurrency=io,
+                loader_process=process,
             )
 
         def peer(workers: int) -> Any:
@@ -125,6 +132,8 @@ def main() -> int:
                 io = args.io_slow if lat >= 50 else args.io
                 runs = [(f"DataLoader(num_workers={w})", peer(w)) for w in peers]
                 runs += [(f"aioloader (io_concurrency={io})", aio(io, random_crop))]
+                if args.loader_process:
+                    runs += [(f"aioloader, loader process (io_concurrency={io})", aio(io, random_crop, True))]
                 runs += [("server alone (aioloader, decode=None)", aio(io, None))]
                 for name, make in runs:
                     res = run(make, server.pid)
