@@ -134,6 +134,7 @@ class RemoteStore:
         self._io = io_concurrency
         self._fs: dict[str, Any] = {}
         self._ok: set[str] = set()  # protocols with a successful read: their endpoint is up
+        self._checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # (protocol, bucket)
 
     def _filesystem(self, protocol: str) -> Any:
         fs = self._fs.get(protocol)
@@ -180,6 +181,8 @@ class RemoteStore:
         :class:`LoaderError` when no read can succeed (see the module docstring)."""
         protocol = scheme(url) or "file"
         fs = self._filesystem(protocol)
+        if protocol in ("s3", "s3a"):
+            await self._check_bucket(fs, protocol, url)
         try:
             data: bytes = await fs._cat_file(url)
         except asyncio.CancelledError:
@@ -189,9 +192,34 @@ class RemoteStore:
         self._ok.add(protocol)
         return data
 
+    async def _check_bucket(self, fs: Any, protocol: str, url: str) -> None:
+        """Once per bucket, before its first read: one listing of at most one key, whose
+        answer (unlike a HEAD's) says why it was refused. Refused credentials or an
+        unreachable endpoint stop the loader here, once, with one :class:`LoaderError`;
+        anything else (no permission to list, no such bucket) is left to the reads."""
+        bucket = url.split("://", 1)[1].split("/", 1)[0]
+        key = (protocol, bucket)
+        check = self._checks.get(key)
+        if check is None:
+            check = self._checks[key] = asyncio.ensure_future(self._list_one(fs, protocol, url, bucket))
+        await asyncio.shield(check)
+
+    async def _list_one(self, fs: Any, protocol: str, url: str, bucket: str) -> None:
+        call = getattr(fs, "_call_s3", None)
+        if call is None:  # pragma: no cover - an s3fs without it: the reads tell
+            return
+        try:
+            await call("list_objects_v2", Bucket=bucket, MaxKeys=1)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - classified below
+            err = self._classify(exc, url, protocol)
+            if isinstance(err, LoaderError):
+                raise err from None
+
     def _classify(self, exc: BaseException, url: str, protocol: str) -> BaseException:
         shown = redact(url)
-        text = f"{type(exc).__name__}: {exc}"
+        text = _chain_text(exc)
         if any(word in text for word in _BAD_CREDENTIALS):
             code = next(word for word in _BAD_CREDENTIALS if word in text)
             return LoaderError(f"the credentials for {protocol}:// were refused ({code}) reading {shown}")
@@ -214,12 +242,30 @@ class RemoteStore:
 
     async def aclose(self) -> None:
         """Close every filesystem's connections (on the loader's loop, before it stops)."""
+        for check in self._checks.values():
+            check.cancel()
+        self._checks.clear()
         fss, self._fs = list(self._fs.values()), {}
         for fs in fss:
             try:
                 await _close_fs(fs)
             except Exception:  # noqa: BLE001 - closing must not fail a shutdown
                 pass
+
+
+def _chain_text(exc: BaseException) -> str:
+    """The type, text and error codes of ``exc`` and what it was raised from (s3fs turns
+    botocore's ``ClientError``, which has the code, into a bare ``PermissionError``)."""
+    parts: list[str] = []
+    at: BaseException | None = exc
+    for _ in range(5):
+        if at is None:
+            break
+        response = getattr(at, "response", None)
+        code = response.get("Error", {}).get("Code", "") if isinstance(response, dict) else ""
+        parts.append(f"{type(at).__name__}: {at} {code}")
+        at = at.__cause__ or at.__context__
+    return " | ".join(parts)
 
 
 def _install_hint(protocol: str) -> str:

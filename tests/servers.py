@@ -72,13 +72,16 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, what: str, timeout
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
 
 
-def start_moto() -> Server:
-    """moto's S3 server (``moto[server]``) on 127.0.0.1; it accepts any credentials."""
+def start_moto(check_credentials: bool = False) -> Server:
+    """moto's S3 server (``moto[server]``) on 127.0.0.1. It accepts any credentials, unless
+    ``check_credentials``: then keys it does not know are refused (InvalidAccessKeyId)."""
     port = free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"} if check_credentials else None
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
     _wait_listening(proc, port, "moto's S3 server")
     return Server(proc, f"http://127.0.0.1:{port}")

@@ -186,3 +186,35 @@ def test_a_protocol_whose_backend_is_missing_names_the_install(numbered: list[st
     loader = Loader(["gs://bucket/a.jpg"], batch_size=1, decode=decode_number, num_workers=1)
     with loader, pytest.raises(LoaderError, match=r"pip install 'aioloader\[remote\]' gcsfs"):
         list(loader)
+
+
+def test_refused_credentials_stop_the_loader_once(numbered: list[str], process: bool) -> None:
+    """A server that checks credentials refuses ours: one LoaderError before any batch,
+    even with ``on_error="skip"``, naming the code and not the secret."""
+    pytest.importorskip("moto")
+    from servers import start_moto
+
+    server = start_moto(check_credentials=True)
+    try:
+        options = {"endpoint_url": server.url, "key": "nobody", "secret": "wrong-secret-xyz"}
+        urls = [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered]
+        loader = Loader(
+            urls,
+            batch_size=4,
+            decode=decode_number,
+            on_error="skip",
+            num_workers=1,
+            storage_options={**options, "client_kwargs": {"region_name": "us-east-1"}},
+            loader_process=process,
+        )
+        with (
+            loader,
+            pytest.raises(
+                LoaderError, match=r"credentials for s3:// were refused \(InvalidAccessKeyId\)"
+            ) as info,
+        ):
+            next(iter(loader))
+        assert not isinstance(info.value, ReadError) and "wrong-secret-xyz" not in str(info.value)
+        assert loader.stats.failures == 0
+    finally:
+        server.stop()
