@@ -55,11 +55,16 @@ class FileDataset:
     Paths live in a compact :class:`~aioloader.pathtable.PathTable` (about ``len(file
     name) + 8`` bytes each) and labels in one ``int64`` array, so 30 M files fit in well
     under 2 GB and every look-up is O(1); see ``benchmarks/index_scale.py``.
+
+    A path may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``), and
+    an entry may be ``(path, offset, length)``: the sample is those bytes of the file or
+    object (samples inside a tar or concatenated shard, read without unpacking it; 16 more
+    bytes per entry, see :meth:`span`).
     """
 
     def __init__(
         self,
-        paths: Iterable[StrPath],
+        paths: Iterable[StrPath | tuple[StrPath, int, int]],
         labels: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None,
         *,
         root: StrPath | None = None,
@@ -67,13 +72,25 @@ class FileDataset:
     ) -> None:
         base = os.fspath(root) if root is not None else None
         builder = PathTableBuilder()
+        spans = array("q")  # offset, length per entry; -1, -1 for a whole file
+        ranged = False
         for p in paths:
-            if not isinstance(p, (str, os.PathLike)):
-                raise TypeError(f"paths must be str or os.PathLike, got {type(p).__name__}: {p!r}")
-            builder.append(_resolve(os.fspath(p), base))
+            if isinstance(p, tuple):
+                path, offset, length = _span(p)
+                ranged = True
+            elif isinstance(p, (str, os.PathLike)):
+                path, offset, length = os.fspath(p), -1, -1
+            else:
+                raise TypeError(
+                    f"paths must be str, os.PathLike or (path, offset, length), got {type(p).__name__}: {p!r}"
+                )
+            builder.append(_resolve(path, base))
+            spans.extend((offset, length))
         if not len(builder):
             raise ValueError("FileDataset is empty: no paths were given")
         self._paths = builder.build()
+        #: ``(offset, length)`` in bytes per entry (-1 for a whole file), or None: all whole.
+        self._spans = np.frombuffer(spans, dtype=np.int64).reshape(-1, 2) if ranged else None
         self._labels: npt.NDArray[np.int64] | None = None
         if labels is not None:
             arr = np.asarray(labels)
@@ -103,6 +120,19 @@ class FileDataset:
 
     def path(self, index: int) -> str:
         return self._paths[int(index)]
+
+    @property
+    def has_spans(self) -> bool:
+        """Whether some entry is a ``(path, offset, length)`` span."""
+        return self._spans is not None
+
+    def span(self, index: int) -> tuple[int, int] | None:
+        """``(offset, length)`` of entry ``index``'s bytes inside its file or object (a
+        sample inside a tar or concatenated shard), or None for the whole file."""
+        if self._spans is None:
+            return None
+        offset, length = (int(x) for x in self._spans[int(index)])
+        return None if offset < 0 else (offset, length)
 
     def label(self, index: int) -> int | None:
         return None if self._labels is None else int(self._labels[index])
@@ -233,6 +263,19 @@ class FileDataset:
         values = [int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in raw]
         labels, classes = _labels_to_indices(values, where)
         return cls(paths, labels, root=root, classes=classes)
+
+
+def _span(entry: tuple[Any, ...]) -> tuple[str, int, int]:
+    """A ``(path, offset, length)`` entry, checked."""
+    if len(entry) != 3 or not isinstance(entry[0], (str, os.PathLike)):
+        raise TypeError(f"a ranged entry is (path, offset, length), got {entry!r}")
+    path, offset, length = entry
+    for name, value in (("offset", offset), ("length", length)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{name}={value!r} of {os.fspath(path)!r} must be a non-negative integer")
+    if length == 0:
+        raise ValueError(f"length=0 of {os.fspath(path)!r}: a sample needs at least one byte")
+    return os.fspath(path), int(offset), int(length)
 
 
 def _walk(folder: Path) -> list[str]:

@@ -202,8 +202,9 @@ class Engine:
         self.policy.attempted(len(rows))
         arena = slab.input if slab is not None and self._decoder is not None else None
         items = [(indices[r], self._ds.path(indices[r])) for r in rows]
+        spans = [self._ds.span(index) for index, _ in items] if self._ds.has_spans else None
         sources: list[Source | None] = []
-        for res in await self._reader.fetch_many(items, arena, self._cfg.sample_timeout):
+        for res in await self._reader.fetch_many(items, arena, self._cfg.sample_timeout, spans):
             if isinstance(res, SampleError):
                 if isinstance(res, LoaderTimeoutError) and slab is not None:
                     slab.tainted = True  # the abandoned read may still write into its arena

@@ -67,6 +67,44 @@ def _read_into(path: str, arena: Arena) -> Source:
         return (off, size)
 
 
+def _read_span(path: str, span: tuple[int, int], arena: Arena | None) -> Source:
+    """``span = (offset, length)`` bytes of a local file, into ``arena`` when given and they
+    fit; an ``EINVAL`` OSError when the file ends before the span does."""
+    offset, length = span
+    with open(local_path(path), "rb", buffering=0) as f:
+        off = arena.alloc(length) if arena is not None else None
+        if arena is None or off is None:
+            data = os.pread(f.fileno(), length, offset)
+            _check_span(len(data), span, path)
+            return data
+        view = arena.buf[off : off + length]
+        got = 0
+        while got < length:
+            n = os.preadv(f.fileno(), [view[got:]], offset + got)
+            if not n:
+                break
+            got += n
+        _check_span(got, span, path)
+        return (off, length)
+
+
+def _check_span(got: int, span: tuple[int, int], path: str) -> None:
+    if got < span[1]:
+        raise OSError(
+            errno.EINVAL,
+            f"bytes {span[0]}-{span[0] + span[1] - 1} asked for, but it ends after {span[0] + got} bytes",
+        )
+
+
+def _store_span(
+    read: Callable[[str], bytes], path: str, span: tuple[int, int], arena: Arena | None
+) -> Source:
+    """A custom ``read`` gives the whole file: the span is cut out of it."""
+    data = read(path)[span[0] : span[0] + span[1]]
+    _check_span(len(data), span, path)
+    return data if arena is None else _into(data, arena)
+
+
 def _store(read: Callable[[str], bytes], path: str, arena: Arena) -> Source:
     """Run a custom ``read`` and put its bytes into ``arena`` when they fit."""
     return _into(read(path), arena)
@@ -206,6 +244,9 @@ class FileReader:
         # One file per hop: timed on the I/O thread, so the pace sees the read, not its wait.
         self._read = wrap(partial(_timed, self.pace, self._plain))
         self._read_into = wrap(partial(_timed, self.pace, self._plain_into))
+        self._read_span = wrap(
+            partial(_timed, self.pace, _read_span if read is None else partial(_store_span, read))
+        )
         self._pool = DaemonThreadPool(io_concurrency, thread_name_prefix="aioloader-io")
         self._sem: asyncio.Semaphore | None = None
         self._groups: asyncio.Semaphore | None = None  # group hops running at once
@@ -227,22 +268,48 @@ class FileReader:
         src: Source = await self._retrying(path, failed, self._read_into, path, arena)
         return src
 
-    async def _cat(self, url: str, arena: Arena | None, executor: Any = None) -> Source:
-        """A remote object, awaited on this loop (no thread); into ``arena`` when it fits."""
+    async def read_span(
+        self, path: str, span: tuple[int, int], arena: Arena | None, failed: OSError | None = None
+    ) -> Source:
+        """``span = (offset, length)`` bytes of the file or object (into ``arena`` when
+        given and they fit); an ``EINVAL`` OSError when it ends before the span does."""
+        if self.remote is not None and is_remote(path):
+            got: Source = await self._retrying(path, failed, self._cat, path, arena, span)
+            return got
+        src: Source = await self._retrying(path, failed, self._read_span, path, span, arena)
+        return src
+
+    async def _cat(
+        self, url: str, arena: Arena | None, span: tuple[int, int] | None = None, executor: Any = None
+    ) -> Source:
+        """A remote object (or ``span`` of it), awaited on this loop (no thread); into
+        ``arena`` when it fits."""
         assert self.remote is not None
-        data = await self.remote.cat(url)
+        if span is None:
+            data = await self.remote.cat(url)
+        else:
+            data = await self.remote.cat(url, span[0], span[0] + span[1])
+            if len(data) > span[1]:  # a server that ignores Range sends the whole object
+                data = data[span[0] : span[0] + span[1]]
+            _check_span(len(data), span, url)
         return data if arena is None else _into(data, arena)
 
     async def fetch_many(
-        self, items: list[tuple[int, str]], arena: Arena | None, timeout: float | None
+        self,
+        items: list[tuple[int, str]],
+        arena: Arena | None,
+        timeout: float | None,
+        spans: list[tuple[int, int] | None] | None = None,
     ) -> list[Source | SampleError]:
-        """The bytes (or the :class:`SampleError`) of each ``(index, path)``, as
-        :meth:`fetch` would give them; while reads are fast (and no ``timeout`` bounds
-        them), several files are read in one hop (see the module docstring)."""
+        """The bytes (or the :class:`SampleError`) of each ``(index, path)`` (only the
+        ``(offset, length)`` of ``spans[i]`` when given), as :meth:`fetch` would give them;
+        while reads of whole local files are fast (and no ``timeout`` bounds them), several
+        are read in one hop (see the module docstring)."""
         done: list[Source | SampleError] = []
         failed: OSError | None = None  # a transient error of the group: retried below
         local = self.remote is None or not any(is_remote(path) for _, path in items)
-        if timeout is None and self.pace.fast and len(items) > 1 and local:
+        whole = spans is None or all(s is None for s in spans)
+        if timeout is None and self.pace.fast and len(items) > 1 and local and whole:
             paths = [path for _, path in items]
             one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
             if self._sem is None:
@@ -257,20 +324,29 @@ class FileReader:
                     failed = res
                     break
                 done.append(_checked(res, path, index, self.io_concurrency))
-        rest = items[len(done) :]
-        if rest:
+        start = len(done)
+        if start < len(items):
             singles = [
-                self._fetch_or_error(path, index, arena, timeout, failed if i == 0 else None)
-                for i, (index, path) in enumerate(rest)
+                self._fetch_or_error(
+                    path, index, arena, timeout, failed if i == start else None, spans[i] if spans else None
+                )
+                for i, (index, path) in enumerate(items)
+                if i >= start
             ]
             done.extend(await asyncio.gather(*singles))
         return done
 
     async def _fetch_or_error(
-        self, path: str, index: int, arena: Arena | None, timeout: float | None, failed: OSError | None
+        self,
+        path: str,
+        index: int,
+        arena: Arena | None,
+        timeout: float | None,
+        failed: OSError | None,
+        span: tuple[int, int] | None,
     ) -> Source | SampleError:
         try:
-            return await self.fetch(path, index, arena, timeout, failed)
+            return await self.fetch(path, index, arena, timeout, failed, span)
         except SampleError as err:
             return err
 
@@ -281,8 +357,10 @@ class FileReader:
         arena: Arena | None,
         timeout: float | None,
         failed: OSError | None = None,
+        span: tuple[int, int] | None = None,
     ) -> Source:
-        """Sample ``index``'s bytes (into ``arena`` when given and they fit). Raises
+        """Sample ``index``'s bytes (only ``span = (offset, length)`` of them when given;
+        into ``arena`` when given and they fit). Raises
         :class:`ReadError` (missing, unreadable, empty, I/O error after the retries) or
         :class:`LoaderTimeoutError` past ``timeout`` seconds, retries included; after a
         timeout the abandoned read may still write into ``arena``."""
@@ -293,7 +371,12 @@ class FileReader:
         timed_out = False
         src: Source = b""
         try:
-            reading = self.read(path, failed) if arena is None else self.read_into(path, arena, failed)
+            if span is not None:
+                reading = self.read_span(path, span, arena, failed)
+            elif arena is None:
+                reading = self.read(path, failed)
+            else:
+                reading = self.read_into(path, arena, failed)
             src = await asyncio.wait_for(reading, timeout)
         except asyncio.TimeoutError:
             timed_out = True

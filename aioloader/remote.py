@@ -176,15 +176,18 @@ class RemoteStore:
         self._fs[protocol] = fs
         return fs
 
-    async def cat(self, url: str) -> bytes:
-        """The whole object at ``url``. Raises :class:`RemoteReadError` for this sample, or
-        :class:`LoaderError` when no read can succeed (see the module docstring)."""
+    async def cat(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The object at ``url`` (bytes ``start`` to ``end``, exclusive, when given).
+        Raises :class:`RemoteReadError` for this sample, or :class:`LoaderError` when no
+        read can succeed (see the module docstring)."""
         protocol = scheme(url) or "file"
         fs = self._filesystem(protocol)
         if protocol in ("s3", "s3a"):
             await self._check_bucket(fs, protocol, url)
         try:
-            data: bytes = await fs._cat_file(url)
+            data: bytes = await (
+                fs._cat_file(url) if start is None else fs._cat_file(url, start=start, end=end)
+            )
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - classified below
@@ -223,6 +226,11 @@ class RemoteStore:
         if any(word in text for word in _BAD_CREDENTIALS):
             code = next(word for word in _BAD_CREDENTIALS if word in text)
             return LoaderError(f"the credentials for {protocol}:// were refused ({code}) reading {shown}")
+        if isinstance(exc, TypeError):  # the client refused an option: every read would
+            return LoaderError(
+                f"the {protocol}:// filesystem cannot be used with these storage_options ({exc}); "
+                f"options for several protocols go in a dict per protocol: {{{protocol!r}: {{...}}}}"
+            )
         status = getattr(exc, "status", None)
         if isinstance(exc, FileNotFoundError) or status == 404:
             return RemoteReadError(errno.ENOENT, "not found (404)")

@@ -138,16 +138,16 @@ def _serve(root: Path, port: int) -> None:  # pragma: no cover - runs in the ser
         path = (root / rel).resolve()
         if root not in path.parents or not path.is_file():
             return web.Response(status=404, text="no such object")
-        data = path.read_bytes()
         every = int(control["reset_every"])
-        if every and total[0] % every == 0:
-            resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
-            await resp.prepare(request)
-            await resp.write(data[: len(data) // 2])
-            assert request.transport is not None
-            request.transport.close()  # the body is cut short: the client sees a short payload
-            return resp
-        return web.Response(body=data)
+        if not (every and total[0] % every == 0):
+            return web.FileResponse(path)  # answers Range requests too
+        data = path.read_bytes()
+        resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
+        await resp.prepare(request)
+        await resp.write(data[: len(data) // 2])
+        assert request.transport is not None
+        request.transport.close()  # the body is cut short: the client sees a short payload
+        return resp
 
     app = web.Application()
     app.router.add_post("/_control", set_control)

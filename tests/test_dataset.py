@@ -382,3 +382,16 @@ def test_from_dataframe_empty_raises() -> None:
     df = pd.DataFrame({"path": [], "label": []})
     with pytest.raises(ValueError, match="no rows"):
         FileDataset.from_dataframe(df, label_column="label")
+
+
+def test_entries_may_be_byte_spans_of_a_file() -> None:
+    ds = FileDataset(["a.jpg", ("shard.tar", 512, 100), ("s3://b/shard.tar", 0, 7)], root="/data")
+    assert ds.paths == ["/data/a.jpg", "/data/shard.tar", "s3://b/shard.tar"]
+    assert [ds.span(i) for i in range(3)] == [None, (512, 100), (0, 7)] and ds.has_spans
+    assert not FileDataset(["a.jpg"]).has_spans and FileDataset(["a.jpg"]).span(0) is None
+    with pytest.raises(ValueError, match=r"offset=-1 of 'x' must be a non-negative integer"):
+        FileDataset([("x", -1, 3)])
+    with pytest.raises(ValueError, match="length=0 of 'x'"):
+        FileDataset([("x", 0, 0)])
+    with pytest.raises(TypeError, match=r"a ranged entry is \(path, offset, length\)"):
+        FileDataset([("x", 1)])  # type: ignore[list-item]

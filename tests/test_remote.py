@@ -218,3 +218,54 @@ def test_refused_credentials_stop_the_loader_once(numbered: list[str], process: 
         assert loader.stats.failures == 0
     finally:
         server.stop()
+
+
+def test_samples_inside_a_shard_are_read_by_byte_range(
+    tmp_path: Path, moto_s3: dict[str, object], http_files: str, numbered: list[str], process: bool
+) -> None:
+    """Every numbered file concatenated into one shard (with junk between them): entries
+    ``(shard, offset, length)`` give the same samples, from disk, over HTTP and from S3."""
+    import boto3
+
+    shard = Path(numbered[0]).parent / "shard.bin"  # served by http_files too
+    entries: list[tuple[int, int]] = []
+    with open(shard, "wb") as f:
+        for p in numbered:
+            f.write(b"\x00junk\x00")
+            data = Path(p).read_bytes()
+            entries.append((f.tell(), len(data)))
+            f.write(data)
+    client = boto3.client(
+        "s3",
+        endpoint_url=str(moto_s3["endpoint_url"]),
+        aws_access_key_id=str(moto_s3["key"]),
+        aws_secret_access_key=str(moto_s3["secret"]),
+        region_name="us-east-1",
+    )
+    client.upload_file(str(shard), "aioloader-test", "shards/shard.bin")
+    sources = [str(shard), f"{http_files}/shard.bin", "s3://aioloader-test/shards/shard.bin"]
+    for source in sources:
+        ds = FileDataset([(source, off, n) for off, n in entries], list(range(len(entries))))
+        assert ds.span(3) == entries[3] and ds.path(3) == source
+        with Loader(
+            ds,
+            batch_size=6,
+            decode=decode_number,
+            shuffle=False,
+            num_workers=1,
+            storage_options={"s3": moto_s3},  # per protocol: the http:// URL gets none of it
+            loader_process=process,
+        ) as loader:
+            got = [(int(v), int(label)) for x, y in loader for v, label in zip(x, y, strict=True)]
+        assert got == [(n, n) for n in range(len(numbered))], source
+    # A span past the end of the object is that sample's ReadError.
+    bad = FileDataset([(str(shard), shard.stat().st_size - 3, 10)])
+    loader = Loader(bad, batch_size=1, decode=decode_number, num_workers=1, loader_process=process)
+    with loader, pytest.raises(ReadError, match="ends after"):
+        list(loader)
+    # A flat dict of S3 options given to an http:// URL: one clear error, not one per sample.
+    flat = FileDataset([(f"{http_files}/shard.bin", off, n) for off, n in entries])
+    loader = Loader(flat, batch_size=6, decode=decode_number, on_error="skip", storage_options=moto_s3)
+    with loader, pytest.raises(LoaderError, match="a dict per protocol"):
+        list(loader)
+    shard.unlink()
