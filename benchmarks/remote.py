@@ -12,7 +12,7 @@ the server process's own CPU per request, so a server-bound run shows as one.
 
     python benchmarks/remote.py [--images 2000] [--latency 0,20,50] [--rounds 3]
                                 [--workers 2] [--peer-workers 2,8] [--io 64] [--io-slow 256]
-                                [--loader-process]
+                                [--loader-process] [--faults]
 """
 
 from __future__ import annotations
@@ -87,6 +87,12 @@ def main() -> int:
     p.add_argument("--io-slow", type=int, default=256, help="io_concurrency at 50 ms and above (%(default)s)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--loader-process", action="store_true", help="also aioloader with loader_process=True")
+    p.add_argument(
+        "--faults",
+        action="store_true",
+        help="then a fault run at the first latency: 10%% of objects answer 503 at first, 1%% of "
+        "responses are cut off mid-body",
+    )
     args = p.parse_args()
 
     folder = args.data_dir / f"{args.images}img_10cls_500x375"
@@ -139,6 +145,33 @@ def main() -> int:
                     res = run(make, server.pid)
                     results[lat, name].append(res)
                     print(f"# round {r + 1} +{lat:g} ms {name}: {res[3] / res[0]:.0f} samples/s", flush=True)
+        fault_line = ""
+        if args.faults:
+            lat = latencies[0]
+            control(server.url, latency_ms=lat, fail_first=1, fail_share=0.1, reset_every=100)
+            t0 = time.perf_counter()
+            numbered = FileDataset(urls, list(range(len(urls))))  # label = index: each sample once?
+            loader = Loader(
+                numbered,
+                batch_size=args.batch_size,
+                decode=random_crop,
+                num_workers=args.workers,
+                io_concurrency=args.io,
+            )
+            seen: list[int] = []
+            with loader:
+                for _, labels in loader:
+                    seen.extend(labels.tolist())
+                stats = loader.stats
+            seconds = time.perf_counter() - t0
+            fault_line = (
+                f"Fault run (+{lat:g} ms; 10% of objects answer 503 at first, every 100th response cut off "
+                f"mid-body): {len(seen)} samples of {len(urls)} in {seconds:.1f} s "
+                f"({len(seen) / seconds:.0f} samples/s), every sample exactly once: "
+                f"{sorted(seen) == list(range(len(urls)))}; read retries {stats.read_retries}, "
+                f"failures {stats.failures}"
+            )
+            control(server.url, latency_ms=0, fail_first=0, fail_share=1.0, reset_every=0)
     finally:
         server.stop()
 
@@ -158,7 +191,7 @@ def main() -> int:
     )
     print()
     print(
-        "| +ms | loader | samples/s | vs DataLoader(2) | share of decode limit | share of server alone "
+        f"| +ms | loader | samples/s | vs DataLoader({peers[0]}) | share of decode limit | share of server alone "
         "| trainer CPU ms/read | server CPU ms/request |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
@@ -173,6 +206,9 @@ def main() -> int:
                 f"| {lat:g} | {name} | {sps:.0f} | {sps / base:.2f}x | {sps / limit:.0%} | {sps / alone:.0%} "
                 f"| {med(x[1] / x[3] for x in rs) * 1e3:.3f} | {med(x[2] / x[3] for x in rs) * 1e3:.3f} |"
             )
+    if fault_line:
+        print()
+        print(fault_line)
     return 0
 
 

@@ -7,7 +7,8 @@ The file server is this module run as a script::
     python tests/servers.py ROOT PORT
 
 ``POST /_control`` with a JSON body sets, for every later request: ``latency_ms`` (added to
-each response), ``fail_first`` (the first N requests of each path answer 503),
+each response), ``fail_first`` (the first N requests of each path answer 503; with
+``fail_share`` below 1, only that share of the paths, chosen by a hash of the path),
 ``reset_every`` (every K-th response is cut short: headers announce the full length, the
 connection drops halfway through the body) and ``fail_status`` (the status of those
 failures, default 503). ``GET /_stats`` returns the request count.
@@ -111,11 +112,12 @@ def control(url: str, **settings: float) -> None:
 
 def _serve(root: Path, port: int) -> None:  # pragma: no cover - runs in the server process
     import asyncio
+    import zlib
     from collections import Counter
 
     from aiohttp import web
 
-    control = {"latency_ms": 0.0, "fail_first": 0, "reset_every": 0, "fail_status": 503}
+    control = {"latency_ms": 0.0, "fail_first": 0, "fail_share": 1.0, "reset_every": 0, "fail_status": 503}
     seen: Counter[str] = Counter()
     total = [0]
 
@@ -133,14 +135,17 @@ def _serve(root: Path, port: int) -> None:  # pragma: no cover - runs in the ser
         if control["latency_ms"]:
             await asyncio.sleep(float(control["latency_ms"]) / 1e3)
         seen[rel] += 1
-        if seen[rel] <= int(control["fail_first"]):
+        chosen = zlib.crc32(rel.encode()) % 10_000 < float(control["fail_share"]) * 10_000
+        if chosen and seen[rel] <= int(control["fail_first"]):
             return web.Response(status=int(control["fail_status"]), text="try again")
         path = (root / rel).resolve()
         if root not in path.parents or not path.is_file():
             return web.Response(status=404, text="no such object")
         every = int(control["reset_every"])
         if not (every and total[0] % every == 0):
-            return web.FileResponse(path)  # answers Range requests too
+            if "Range" in request.headers:
+                return web.FileResponse(path)  # answers the byte range
+            return web.Response(body=path.read_bytes())  # cheaper per request than FileResponse
         data = path.read_bytes()
         resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
         await resp.prepare(request)
