@@ -75,7 +75,7 @@ def _read_span(path: str, span: tuple[int, int], arena: Arena | None) -> Source:
         off = arena.alloc(length) if arena is not None else None
         if arena is None or off is None:
             data = os.pread(f.fileno(), length, offset)
-            _check_span(len(data), span, path)
+            _check_span(len(data), span)
             return data
         view = arena.buf[off : off + length]
         got = 0
@@ -84,11 +84,11 @@ def _read_span(path: str, span: tuple[int, int], arena: Arena | None) -> Source:
             if not n:
                 break
             got += n
-        _check_span(got, span, path)
+        _check_span(got, span)
         return (off, length)
 
 
-def _check_span(got: int, span: tuple[int, int], path: str) -> None:
+def _check_span(got: int, span: tuple[int, int]) -> None:
     if got < span[1]:
         raise OSError(
             errno.EINVAL,
@@ -101,7 +101,7 @@ def _store_span(
 ) -> Source:
     """A custom ``read`` gives the whole file: the span is cut out of it."""
     data = read(path)[span[0] : span[0] + span[1]]
-    _check_span(len(data), span, path)
+    _check_span(len(data), span)
     return data if arena is None else _into(data, arena)
 
 
@@ -291,7 +291,7 @@ class FileReader:
             data = await self.remote.cat(url, span[0], span[0] + span[1])
             if len(data) > span[1]:  # a server that ignores Range sends the whole object
                 data = data[span[0] : span[0] + span[1]]
-            _check_span(len(data), span, url)
+            _check_span(len(data), span)
         return data if arena is None else _into(data, arena)
 
     async def fetch_many(

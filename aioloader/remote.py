@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -70,6 +71,8 @@ _THROTTLE_WORDS = ("SlowDown", "Throttl", "ServiceUnavailable", "RequestTimeout"
 def scheme(path: str) -> str | None:
     """The URL scheme of ``path`` in lower case (``'s3'``, ``'file'``), or None for a plain
     path."""
+    if "://" not in path:  # the common case, on the read path: no regex for a plain path
+        return None
     m = _SCHEME.match(path)
     return m.group(1).lower() if m else None
 
@@ -358,8 +361,6 @@ def list_folder(
             errors.append(exc)
         finally:
             await store.aclose()
-
-    import threading
 
     thread = threading.Thread(target=lambda: asyncio.run(main()), name="aioloader-list", daemon=True)
     thread.start()

@@ -10,6 +10,7 @@ SIGTERM (:mod:`.sigterm`).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures.process  # noqa: F401 - its exit hook must be registered before ours
 import os
@@ -122,7 +123,7 @@ def _shutdown_all_now() -> None:
     _shutdown_all(grace=0.3)
 
 
-class RuntimeBase:
+class RuntimeBase(abc.ABC):
     """What every started loader shares, wherever its pipeline runs: start-up in the order
     the zygote needs, the owner check, and an idempotent, bounded :meth:`shutdown`.
     Subclasses provide ``_start``, ``_stop_all`` and ``_threads``."""
@@ -145,16 +146,17 @@ class RuntimeBase:
         # and the zygote is only forked from a process without loader threads.
         sigterm.hold(_shutdown_all_now)
 
+    @abc.abstractmethod
     def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
-        raise NotImplementedError
+        """Start the threads and processes; sets ``config``, ``copier`` and ``run``."""
 
+    @abc.abstractmethod
     def _stop_all(self, run: Any, grace: float) -> None:
         """Stop everything (``run`` first); ends with ``gcfreeze.release()``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _threads(self) -> tuple[threading.Thread, ...]:
         """This runtime's own threads (a finalizer on one of them cannot join it)."""
-        raise NotImplementedError
 
     def check_owner(self) -> None:
         """Refuse use from a forked child: its copies of the threads do not exist and the

@@ -19,7 +19,9 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import pickle
 import sys
+import traceback
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .decode.slabs import SHM_DIR
+from .errors import LoaderError
 from .tree import TreeDef, flatten, unflatten
 
 __all__ = ["Located", "SlabMaps", "SlabRef", "decode", "encode", "pack_error", "unpack_error"]
@@ -181,22 +184,16 @@ def _close(m: mmap.mmap) -> None:
 
 
 def _picklable(exc: BaseException) -> BaseException:
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:  # noqa: BLE001 - any failure to pickle
-        from .errors import LoaderError
-
         return LoaderError(f"{type(exc).__name__}: {exc}")
 
 
 def pack_error(exc: BaseException) -> list[BaseException]:
     """``exc`` and its chain of causes, each picklable (pickling an exception drops its
     ``__cause__``); the loader process's traceback becomes a note on ``exc``."""
-    import traceback
-
     chain: list[BaseException] = []
     seen: set[int] = set()
     at: BaseException | None = exc

@@ -130,23 +130,22 @@ def moto_s3(numbered: list[str]) -> Iterator[dict[str, object]]:
     """moto's S3 server on 127.0.0.1 with ``numbered``'s files under
     ``s3://aioloader-test/numbered/``; yields the loader's ``storage_options``."""
     pytest.importorskip("s3fs")
-    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("boto3")
     pytest.importorskip("moto")
-    from servers import start_moto
+    from servers import s3_client, start_moto
 
     server = start_moto()
     try:
-        client = boto3.client(
-            "s3",
-            endpoint_url=server.url,
-            aws_access_key_id=S3_KEYS["key"],
-            aws_secret_access_key=S3_KEYS["secret"],
-            region_name="us-east-1",
-        )
+        options: dict[str, object] = {
+            **S3_KEYS,
+            "endpoint_url": server.url,
+            "client_kwargs": {"region_name": "us-east-1"},
+        }
+        client = s3_client(options)
         client.create_bucket(Bucket=BUCKET)
         for p in numbered:
             client.upload_file(p, BUCKET, f"numbered/{os.path.basename(p)}")
-        yield {**S3_KEYS, "endpoint_url": server.url, "client_kwargs": {"region_name": "us-east-1"}}
+        yield options
     finally:
         server.stop()
 

@@ -22,8 +22,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RUNNING", "Server", "control", "free_port", "start_file_server", "start_moto"]
+__all__ = ["RUNNING", "Server", "control", "free_port", "s3_client", "start_file_server", "start_moto"]
 
 #: PIDs of the servers running now: process-wide helpers, like the fork server, for the
 #: tests' leak checks (tests/helpers.py, ``shared_helper_pids``).
@@ -98,6 +99,19 @@ def start_file_server(root: Path) -> Server:
     )
     _wait_listening(proc, port, "the file server")
     return Server(proc, f"http://127.0.0.1:{port}")
+
+
+def s3_client(options: dict[str, object]) -> Any:
+    """A boto3 S3 client for a moto server, from the loader's ``storage_options`` for it."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=str(options["endpoint_url"]),
+        aws_access_key_id=str(options["key"]),
+        aws_secret_access_key=str(options["secret"]),
+        region_name="us-east-1",
+    )
 
 
 def control(url: str, **settings: float) -> None:

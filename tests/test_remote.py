@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from helpers import decode_number
-from servers import control
+from servers import control, s3_client
 
 from aioloader import FileDataset, Loader, LoaderError, ReadError
 
@@ -148,15 +148,7 @@ def test_from_folder_on_a_bucket_matches_the_local_folder(
 ) -> None:
     """The same ImageFolder, on disk and uploaded under a prefix (with a hidden object and
     a file of another type beside the images): same classes, same labels, same order."""
-    import boto3
-
-    client = boto3.client(
-        "s3",
-        endpoint_url=str(moto_s3["endpoint_url"]),
-        aws_access_key_id=str(moto_s3["key"]),
-        aws_secret_access_key=str(moto_s3["secret"]),
-        region_name="us-east-1",
-    )
+    client = s3_client(moto_s3)
     for path in sorted(image_folder.rglob("*")):
         if path.is_file():
             client.upload_file(str(path), "aioloader-test", f"folder/{path.relative_to(image_folder)}")
@@ -225,8 +217,7 @@ def test_samples_inside_a_shard_are_read_by_byte_range(
 ) -> None:
     """Every numbered file concatenated into one shard (with junk between them): entries
     ``(shard, offset, length)`` give the same samples, from disk, over HTTP and from S3."""
-    import boto3
-
+    pytest.importorskip("boto3")
     shard = Path(numbered[0]).parent / "shard.bin"  # served by http_files too
     entries: list[tuple[int, int]] = []
     with open(shard, "wb") as f:
@@ -235,13 +226,7 @@ def test_samples_inside_a_shard_are_read_by_byte_range(
             data = Path(p).read_bytes()
             entries.append((f.tell(), len(data)))
             f.write(data)
-    client = boto3.client(
-        "s3",
-        endpoint_url=str(moto_s3["endpoint_url"]),
-        aws_access_key_id=str(moto_s3["key"]),
-        aws_secret_access_key=str(moto_s3["secret"]),
-        region_name="us-east-1",
-    )
+    client = s3_client(moto_s3)
     client.upload_file(str(shard), "aioloader-test", "shards/shard.bin")
     sources = [str(shard), f"{http_files}/shard.bin", "s3://aioloader-test/shards/shard.bin"]
     for source in sources:
