@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import torch
 
+from .backends import StorageBackend, resolve
+
 __all__ = ["LoaderConfig", "resolve_device", "resolve_rank", "usable_cpus"]
 
 OnError = Literal["raise", "skip"]
@@ -108,6 +110,8 @@ class LoaderConfig:
     loader_process: bool = False
     #: fsspec options for remote URLs; never shown (credentials).
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    #: the client of remote reads (:mod:`aioloader.backends`).
+    storage_backend: StorageBackend = "auto"
 
     @classmethod
     def create(
@@ -137,6 +141,7 @@ class LoaderConfig:
         pad_shards: object = True,
         loader_process: object = False,
         storage_options: object = None,
+        storage_backend: object = "auto",
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
@@ -197,6 +202,7 @@ class LoaderConfig:
                 f"storage_options must be a dict (fsspec's options, or one per protocol), "
                 f"got {type(storage_options).__name__}"
             )
+        backend = resolve(storage_backend, bool(loader_process))
         return cls(
             batch_size=bs,
             decode=decode,
@@ -222,4 +228,5 @@ class LoaderConfig:
             pad_shards=bool(pad_shards),
             loader_process=bool(loader_process),
             storage_options=dict(storage_options) if storage_options is not None else None,
+            storage_backend=backend,
         )

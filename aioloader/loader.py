@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from . import sigterm
+from .backends import StorageBackend
 from .config import LoaderConfig, OnError
 from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from .dataset import FileDataset, StrPath
@@ -116,6 +117,10 @@ class Loader:
             ``endpoint_url``, ``client_kwargs``), one dict for every protocol or one per
             protocol (``{"s3": {...}, "http": {...}}``). Never logged or shown. URLs are read
             on the event loop, ``io_concurrency`` at once (``pip install 'aioloader[remote]'``).
+        storage_backend: the client of those reads: ``"auto"`` (with ``loader_process=True``,
+            obstore for ``s3://`` and ``http(s)://`` where it is installed and can take the
+            options; else fsspec), ``"fsspec"``, or ``"obstore"`` (needs
+            ``loader_process=True``). See :mod:`aioloader.backends`.
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -154,6 +159,7 @@ class Loader:
         pad_shards: bool = True,
         loader_process: bool = False,
         storage_options: dict[str, Any] | None = None,
+        storage_backend: StorageBackend = "auto",
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -182,6 +188,7 @@ class Loader:
             pad_shards=pad_shards,
             loader_process=loader_process,
             storage_options=storage_options,
+            storage_backend=storage_backend,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset

@@ -103,6 +103,7 @@ def build(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Pip
         config.read_retries,
         on_retry=lambda path, exc: counters.retried(),
         storage_options=config.storage_options,
+        storage_backend=config.storage_backend,
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
     engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters)

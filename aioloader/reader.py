@@ -31,6 +31,7 @@ from typing import Any
 
 from aiofiles.os import wrap
 
+from .backends import StorageBackend
 from .decode.protocol import Source
 from .decode.slabs import Arena
 from .errors import LoaderTimeoutError, ReadError, SampleError
@@ -110,11 +111,11 @@ def _store(read: Callable[[str], bytes], path: str, arena: Arena) -> Source:
     return _into(read(path), arena)
 
 
-def _into(data: bytes, arena: Arena) -> Source:
-    """``data`` copied into ``arena`` when it fits, else ``data`` itself."""
+def _into(data: bytes | memoryview, arena: Arena) -> Source:
+    """``data`` copied into ``arena`` when it fits, else ``data`` itself (as ``bytes``)."""
     off = arena.alloc(len(data)) if data else None
     if off is None:
-        return data
+        return data if isinstance(data, bytes) else bytes(data)
     arena.buf[off : off + len(data)] = data
     return (off, len(data))
 
@@ -232,10 +233,11 @@ class FileReader:
         retries: int = 2,
         on_retry: Callable[[str, OSError], None] | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        storage_backend: StorageBackend = "auto",
     ) -> None:
         self.io_concurrency = io_concurrency
         # URLs go to the remote store unless a custom ``read`` takes every path itself.
-        self.remote = RemoteStore(storage_options, io_concurrency) if read is None else None
+        self.remote = RemoteStore(storage_options, io_concurrency, storage_backend) if read is None else None
         self.retries = retries
         self._on_retry = on_retry
         self.pace = ReadPace()
@@ -285,14 +287,17 @@ class FileReader:
         """A remote object (or ``span`` of it), awaited on this loop (no thread); into
         ``arena`` when it fits."""
         assert self.remote is not None
-        if span is None:
-            data = await self.remote.cat(url)
-        else:
-            data = await self.remote.cat(url, span[0], span[0] + span[1])
+        start, end = (None, None) if span is None else (span[0], span[0] + span[1])
+        got = await self.remote.cat(url, start, end)
+        # fsspec gives bytes, obstore a buffer of its own (copied once, below: into the arena)
+        data: bytes | memoryview = got if isinstance(got, bytes) else memoryview(got)
+        if span is not None:
             if len(data) > span[1]:  # a server that ignores Range sends the whole object
                 data = data[span[0] : span[0] + span[1]]
             _check_span(len(data), span)
-        return data if arena is None else _into(data, arena)
+        if arena is None:
+            return data if isinstance(data, bytes) else bytes(data)
+        return _into(data, arena)
 
     async def fetch_many(
         self,

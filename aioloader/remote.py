@@ -1,7 +1,9 @@
 """Reads of object storage and HTTP: ``s3://``, ``gs://``, ``az://``, ``http(s)://`` URLs,
-awaited on the loader's own event loop through fsspec's asynchronous filesystems (s3fs on
-aiobotocore, gcsfs, adlfs, aiohttp for HTTP). Thousands of reads in flight cost coroutines
-and pooled connections, not threads. Needs ``pip install 'aioloader[remote]'``.
+awaited on the loader's own event loop through an asynchronous client: obstore for ``s3://``
+and ``http(s)://`` where it can serve, else fsspec's asynchronous filesystems (s3fs on
+aiobotocore, gcsfs, adlfs, aiohttp); :mod:`aioloader.backends` says which and why.
+Thousands of reads in flight cost coroutines and pooled connections, not a thread each.
+Needs ``pip install 'aioloader[remote]'``.
 
 What a failed read becomes (``DESIGN.md``, "Remote storage"):
 
@@ -30,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .backends import FSSPEC_PACKAGES, Backend, FsspecBackend, ObstoreBackend, StorageBackend, choose
 from .errors import LoaderError
 
 __all__ = [
@@ -43,17 +46,6 @@ __all__ = [
 ]
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-#: Schemes fsspec serves asynchronously, and the package that does it.
-BACKENDS = {
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "http": "aiohttp",
-    "https": "aiohttp",
-}
 _SECRET_QUERY = re.compile(r"(sig|signature|token|key|credential|secret|password)", re.IGNORECASE)
 _THROTTLED = {429, 500, 502, 503, 504}
 _BAD_CREDENTIALS = (
@@ -65,6 +57,8 @@ _BAD_CREDENTIALS = (
     "AuthFailure",
     "InvalidClientTokenId",
 )
+#: obstore puts the HTTP status in its message, not in an attribute.
+_STATUS_TEXT = re.compile(r"status code: (\d{3})")
 _THROTTLE_WORDS = ("SlowDown", "Throttl", "ServiceUnavailable", "RequestTimeout", "InternalError")
 
 
@@ -111,7 +105,7 @@ def options_for(storage_options: Mapping[str, Any] | None, protocol: str) -> dic
     protocol."""
     if not storage_options:
         return {}
-    keyed = all(isinstance(v, Mapping) and k in BACKENDS for k, v in storage_options.items())
+    keyed = all(isinstance(v, Mapping) and k in FSSPEC_PACKAGES for k, v in storage_options.items())
     if keyed:
         entry = storage_options.get(protocol)
         if entry is None and protocol == "https":
@@ -128,69 +122,51 @@ class RemoteReadError(OSError):
 
 
 class RemoteStore:
-    """The asynchronous filesystems of one loader, one per protocol, made on first use on
-    the loader's loop and closed by :meth:`aclose`; their connection pools hold
+    """The clients of one loader, one per protocol (see :mod:`aioloader.backends`), made on
+    first use on the loader's loop and closed by :meth:`aclose`; their connection pools hold
     ``io_concurrency`` connections and live across epochs."""
 
-    def __init__(self, storage_options: Mapping[str, Any] | None, io_concurrency: int) -> None:
+    def __init__(
+        self,
+        storage_options: Mapping[str, Any] | None,
+        io_concurrency: int,
+        backend: StorageBackend = "auto",
+    ) -> None:
         self._options = storage_options
         self._io = io_concurrency
-        self._fs: dict[str, Any] = {}
+        self._preference: StorageBackend = backend
+        self._backends: dict[str, Backend] = {}
         self._ok: set[str] = set()  # protocols with a successful read: their endpoint is up
         self._checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # (protocol, bucket)
 
-    def _filesystem(self, protocol: str) -> Any:
-        fs = self._fs.get(protocol)
-        if fs is not None:
-            return fs
-        try:
-            import fsspec
-        except ImportError as exc:
-            raise LoaderError(f"reading {protocol}:// URLs needs fsspec: {_install_hint(protocol)}") from exc
+    def backend(self, protocol: str) -> Backend:
+        """The client for ``protocol`` (made on first use, on the running loop)."""
+        got = self._backends.get(protocol)
+        if got is not None:
+            return got
         opts = options_for(self._options, protocol)
-        # Connection pools sized to the reads in flight (the backends' defaults: 10 for
-        # botocore, 100 for aiohttp, would cap io_concurrency silently).
-        if protocol in ("s3", "s3a"):
-            config = dict(opts.pop("config_kwargs", None) or {})
-            config.setdefault("max_pool_connections", self._io)
-            opts["config_kwargs"] = config
-        elif protocol in ("http", "https"):
-            try:
-                import aiohttp
-            except ImportError as exc:
-                raise LoaderError(
-                    "reading http(s):// URLs needs aiohttp: pip install 'aioloader[remote]'"
-                ) from exc
-            client = dict(opts.pop("client_kwargs", None) or {})
-            client.setdefault("connector", aiohttp.TCPConnector(limit=self._io, limit_per_host=self._io))
-            opts["client_kwargs"] = client
-        try:
-            fs = fsspec.filesystem(
-                "s3" if protocol == "s3a" else protocol,
-                asynchronous=True,
-                loop=asyncio.get_running_loop(),
-                skip_instance_cache=True,
-                **opts,
-            )
-        except ImportError as exc:
-            raise LoaderError(f"reading {protocol}:// URLs needs {_install_hint(protocol)}") from exc
-        except ValueError as exc:  # fsspec: "Protocol not known"
-            raise LoaderError(f"no fsspec filesystem reads {protocol}:// URLs: {exc}") from None
-        self._fs[protocol] = fs
-        return fs
+        made: Backend
+        if choose(protocol, opts, self._preference) == "obstore":
+            made = ObstoreBackend(protocol, opts, self._io)
+        else:
+            made = FsspecBackend(protocol, opts, self._io)
+        self._backends[protocol] = made
+        return made
 
-    async def cat(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
-        """The object at ``url`` (bytes ``start`` to ``end``, exclusive, when given).
-        Raises :class:`RemoteReadError` for this sample, or :class:`LoaderError` when no
-        read can succeed (see the module docstring)."""
+    def backend_name(self, protocol: str) -> str:
+        """``'obstore'`` or ``'fsspec'``: what reads ``protocol``."""
+        return "obstore" if isinstance(self.backend(protocol), ObstoreBackend) else "fsspec"
+
+    async def cat(self, url: str, start: int | None = None, end: int | None = None) -> Any:
+        """The object at ``url`` (bytes ``start`` to ``end``, exclusive, when given), as
+        ``bytes`` or another buffer of bytes. Raises :class:`RemoteReadError` for this
+        sample, or :class:`LoaderError` when no read can succeed (see the module docstring)."""
         protocol = scheme(url) or "file"
-        fs = self._filesystem(protocol)
+        client = self.backend(protocol)
         if protocol in ("s3", "s3a"):
-            await self._check_bucket(fs, protocol, url)
+            await self._check_bucket(client, protocol, url)
         try:
-            data: bytes = await (
-                fs._cat_file(url) if start is None else fs._cat_file(url, start=start, end=end)
-            )
+            data = await client.cat(url, start, end)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - classified below
@@ -198,7 +174,7 @@ class RemoteStore:
         self._ok.add(protocol)
         return data
 
-    async def _check_bucket(self, fs: Any, protocol: str, url: str) -> None:
+    async def _check_bucket(self, client: Backend, protocol: str, url: str) -> None:
         """Once per bucket, before its first read: one listing of at most one key, whose
         answer (unlike a HEAD's) says why it was refused. Refused credentials or an
         unreachable endpoint stop the loader here, once, with one :class:`LoaderError`;
@@ -207,15 +183,12 @@ class RemoteStore:
         key = (protocol, bucket)
         check = self._checks.get(key)
         if check is None:
-            check = self._checks[key] = asyncio.ensure_future(self._list_one(fs, protocol, url, bucket))
+            check = self._checks[key] = asyncio.ensure_future(self._list_one(client, protocol, url, bucket))
         await asyncio.shield(check)
 
-    async def _list_one(self, fs: Any, protocol: str, url: str, bucket: str) -> None:
-        call = getattr(fs, "_call_s3", None)
-        if call is None:  # pragma: no cover - an s3fs without it: the reads tell
-            return
+    async def _list_one(self, client: Backend, protocol: str, url: str, bucket: str) -> None:
         try:
-            await call("list_objects_v2", Bucket=bucket, MaxKeys=1)
+            await client.list_one(url, bucket)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - classified below
@@ -235,6 +208,8 @@ class RemoteStore:
                 f"options for several protocols go in a dict per protocol: {{{protocol!r}: {{...}}}}"
             )
         status = getattr(exc, "status", None)
+        if status is None and (found := _STATUS_TEXT.search(text)) is not None:
+            status = int(found.group(1))
         if isinstance(exc, FileNotFoundError) or status == 404:
             return RemoteReadError(errno.ENOENT, "not found (404)")
         if isinstance(exc, PermissionError) or status == 403:
@@ -256,10 +231,10 @@ class RemoteStore:
         for check in self._checks.values():
             check.cancel()
         self._checks.clear()
-        fss, self._fs = list(self._fs.values()), {}
-        for fs in fss:
+        clients, self._backends = list(self._backends.values()), {}
+        for client in clients:
             try:
-                await _close_fs(fs)
+                await client.aclose()
             except Exception:  # noqa: BLE001 - closing must not fail a shutdown
                 pass
 
@@ -279,20 +254,14 @@ def _chain_text(exc: BaseException) -> str:
     return " | ".join(parts)
 
 
-def _install_hint(protocol: str) -> str:
-    package = BACKENDS.get(protocol)
-    if package in ("s3fs", "aiohttp"):
-        return "pip install 'aioloader[remote]'"
-    if package is not None:
-        return f"pip install 'aioloader[remote]' {package}"
-    return "an fsspec filesystem for it (see fsspec's list of implementations)"
-
-
 def _unreachable(exc: BaseException) -> bool:
     names = {c.__name__ for c in type(exc).__mro__}
-    return bool(
-        names & {"ClientConnectorError", "EndpointConnectionError", "ConnectTimeoutError"}
-    ) or isinstance(exc, ConnectionRefusedError)
+    return (
+        bool(names & {"ClientConnectorError", "EndpointConnectionError", "ConnectTimeoutError"})
+        or isinstance(exc, ConnectionRefusedError)
+        # obstore (reqwest): no connection could be made, so no request was sent
+        or ("error sending request" in str(exc) and "status code" not in str(exc))
+    )
 
 
 def _is_client_error(exc: BaseException) -> bool:
@@ -301,16 +270,6 @@ def _is_client_error(exc: BaseException) -> bool:
         c.__name__ in ("ClientError", "ClientPayloadError", "ServerDisconnectedError", "HTTPClientError")
         for c in type(exc).__mro__
     )
-
-
-async def _close_fs(fs: Any) -> None:
-    s3 = getattr(fs, "_s3", None)
-    if s3 is not None:  # s3fs: the aiobotocore client
-        await s3.__aexit__(None, None, None)
-        return
-    session = getattr(fs, "_session", None)
-    if session is not None:  # HTTPFileSystem: the aiohttp session
-        await session.close()
 
 
 def list_folder(
@@ -328,9 +287,9 @@ def list_folder(
     errors: list[BaseException] = []
 
     async def main() -> None:
-        store = RemoteStore(storage_options, 64)
+        client = FsspecBackend(protocol, options_for(storage_options, protocol), 64)
         try:
-            fs = store._filesystem(protocol)
+            fs = client.fs
             if hasattr(fs, "set_session"):
                 await fs.set_session()
             base = root.rstrip("/")
@@ -360,7 +319,7 @@ def list_folder(
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
             errors.append(exc)
         finally:
-            await store.aclose()
+            await client.aclose()
 
     thread = threading.Thread(target=lambda: asyncio.run(main()), name="aioloader-list", daemon=True)
     thread.start()

@@ -1,7 +1,8 @@
 """Object storage and HTTP: real servers on loopback (tests/servers.py: moto's S3 server, an
 aiohttp file server with latency and faults), real reads on the loader's event loop.
 
-Each case runs in the trainer's process and with ``loader_process=True``.
+Each case runs in the trainer's process (fsspec) and in a loader process, through obstore
+and through fsspec.
 """
 
 from __future__ import annotations
@@ -16,14 +17,25 @@ import pytest
 from helpers import decode_number
 from servers import control, s3_client
 
-from aioloader import FileDataset, Loader, LoaderError, ReadError
+from aioloader import FileDataset, Loader, LoaderError, LoaderTimeoutError, ReadError
+from aioloader.backends import choose, obstore_kwargs, resolve, tokio_started
 
 pytest.importorskip("fsspec")
 
 
-@pytest.fixture(params=[False, True], ids=["thread", "process"])
-def process(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
+@pytest.fixture(
+    params=[
+        {"loader_process": False},
+        {"loader_process": True, "storage_backend": "obstore"},
+        {"loader_process": True, "storage_backend": "fsspec"},
+    ],
+    ids=["thread", "process-obstore", "process-fsspec"],
+)
+def where(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Where the reads run, and through which client (``aioloader.backends``)."""
+    if request.param.get("storage_backend") == "obstore":
+        pytest.importorskip("obstore")
+    return dict(request.param)
 
 
 def values(batches: list[Any]) -> list[list[int]]:
@@ -31,11 +43,11 @@ def values(batches: list[Any]) -> list[list[int]]:
 
 
 def test_s3_batches_equal_those_of_the_local_copy(
-    moto_s3: dict[str, object], numbered: list[str], process: bool
+    moto_s3: dict[str, object], numbered: list[str], where: dict[str, Any]
 ) -> None:
     urls = [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered]
     kw: dict[str, Any] = {"batch_size": 5, "decode": decode_number, "seed": 7, "num_workers": 2}
-    with Loader(urls, storage_options=moto_s3, loader_process=process, **kw) as loader:
+    with Loader(urls, storage_options=moto_s3, **where, **kw) as loader:
         remote = [values(list(loader)) for _ in range(2)]
         stats = loader.stats
     with Loader(numbered, **kw) as loader:
@@ -44,24 +56,24 @@ def test_s3_batches_equal_those_of_the_local_copy(
     assert stats.bytes_read == 2 * sum(os.path.getsize(p) for p in numbered)
 
 
-def test_http_urls_file_urls_and_paths_mix(http_files: str, numbered: list[str], process: bool) -> None:
+def test_http_urls_file_urls_and_paths_mix(
+    http_files: str, numbered: list[str], where: dict[str, Any]
+) -> None:
     names = [os.path.basename(p) for p in numbered]
     mixed = [
         f"{http_files}/{n}" if i % 3 == 0 else (f"file://{p}" if i % 3 == 1 else p)
         for i, (n, p) in enumerate(zip(names, numbered, strict=True))
     ]
-    with Loader(
-        mixed, batch_size=4, decode=decode_number, shuffle=False, num_workers=1, loader_process=process
-    ) as loader:
+    with Loader(mixed, batch_size=4, decode=decode_number, shuffle=False, num_workers=1, **where) as loader:
         assert [v for b in values(list(loader)) for v in b] == list(range(len(numbered)))
 
 
 def test_a_missing_object_is_a_read_error_naming_the_url(
-    moto_s3: dict[str, object], numbered: list[str], process: bool
+    moto_s3: dict[str, object], numbered: list[str], where: dict[str, Any]
 ) -> None:
     urls = [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered[:4]]
     missing = "s3://aioloader-test/numbered/nope.txt"
-    opts: dict[str, Any] = {"storage_options": moto_s3, "loader_process": process, "num_workers": 1}
+    opts: dict[str, Any] = {"storage_options": moto_s3, **where, "num_workers": 1}
     loader = Loader([*urls, missing], batch_size=5, decode=decode_number, shuffle=False, **opts)
     with loader, pytest.raises(ReadError, match="not found") as info:
         list(loader)
@@ -75,7 +87,7 @@ def test_a_missing_object_is_a_read_error_naming_the_url(
 
 
 def test_throttling_and_cut_bodies_are_retried_and_counted(
-    http_files: str, numbered: list[str], process: bool
+    http_files: str, numbered: list[str], where: dict[str, Any]
 ) -> None:
     """Every object answers 503 twice before it is served, and every 7th response is cut off
     halfway: each sample still arrives exactly once, whole, and the retries are counted."""
@@ -88,7 +100,7 @@ def test_throttling_and_cut_bodies_are_retried_and_counted(
         shuffle=False,
         num_workers=1,
         read_retries=4,
-        loader_process=process,
+        **where,
     ) as loader:
         got = [v for b in values(list(loader)) for v in b]
         stats = loader.stats
@@ -96,15 +108,13 @@ def test_throttling_and_cut_bodies_are_retried_and_counted(
     assert stats.read_retries >= 2 * len(numbered) and stats.failures == 0
 
 
-def test_an_unreachable_endpoint_is_one_loader_error(numbered: list[str], process: bool) -> None:
+def test_an_unreachable_endpoint_is_one_loader_error(numbered: list[str], where: dict[str, Any]) -> None:
     from servers import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     urls = [f"{dead}/{os.path.basename(p)}" for p in numbered]
     with (
-        Loader(
-            urls, batch_size=4, decode=decode_number, on_error="skip", num_workers=1, loader_process=process
-        ) as loader,
+        Loader(urls, batch_size=4, decode=decode_number, on_error="skip", num_workers=1, **where) as loader,
         pytest.raises(LoaderError, match="cannot reach the http:// endpoint") as info,
     ):
         list(loader)
@@ -180,7 +190,7 @@ def test_a_protocol_whose_backend_is_missing_names_the_install(numbered: list[st
         list(loader)
 
 
-def test_refused_credentials_stop_the_loader_once(numbered: list[str], process: bool) -> None:
+def test_refused_credentials_stop_the_loader_once(numbered: list[str], where: dict[str, Any]) -> None:
     """A server that checks credentials refuses ours: one LoaderError before any batch,
     even with ``on_error="skip"``, naming the code and not the secret."""
     pytest.importorskip("moto")
@@ -197,7 +207,7 @@ def test_refused_credentials_stop_the_loader_once(numbered: list[str], process: 
             on_error="skip",
             num_workers=1,
             storage_options={**options, "client_kwargs": {"region_name": "us-east-1"}},
-            loader_process=process,
+            **where,
         )
         with (
             loader,
@@ -213,7 +223,7 @@ def test_refused_credentials_stop_the_loader_once(numbered: list[str], process: 
 
 
 def test_samples_inside_a_shard_are_read_by_byte_range(
-    tmp_path: Path, moto_s3: dict[str, object], http_files: str, numbered: list[str], process: bool
+    tmp_path: Path, moto_s3: dict[str, object], http_files: str, numbered: list[str], where: dict[str, Any]
 ) -> None:
     """Every numbered file concatenated into one shard (with junk between them): entries
     ``(shard, offset, length)`` give the same samples, from disk, over HTTP and from S3."""
@@ -239,13 +249,13 @@ def test_samples_inside_a_shard_are_read_by_byte_range(
             shuffle=False,
             num_workers=1,
             storage_options={"s3": moto_s3},  # per protocol: the http:// URL gets none of it
-            loader_process=process,
+            **where,
         ) as loader:
             got = [(int(v), int(label)) for x, y in loader for v, label in zip(x, y, strict=True)]
         assert got == [(n, n) for n in range(len(numbered))], source
     # A span past the end of the object is that sample's ReadError.
     bad = FileDataset([(str(shard), shard.stat().st_size - 3, 10)])
-    loader = Loader(bad, batch_size=1, decode=decode_number, num_workers=1, loader_process=process)
+    loader = Loader(bad, batch_size=1, decode=decode_number, num_workers=1, **where)
     with loader, pytest.raises(ReadError, match="ends after"):
         list(loader)
     # A flat dict of S3 options given to an http:// URL: one clear error, not one per sample.
@@ -254,3 +264,97 @@ def test_samples_inside_a_shard_are_read_by_byte_range(
     with loader, pytest.raises(LoaderError, match="a dict per protocol"):
         list(loader)
     shard.unlink()
+
+
+def test_each_backend_reads_in_the_loader_process_it_was_asked_for(
+    http_files: str, numbered: list[str]
+) -> None:
+    """obstore runs its tokio threads in the loader process, never in the trainer's; fsspec
+    starts none. Both give the same batches."""
+    pytest.importorskip("obstore")
+    from test_loader_process import loader_pid
+
+    urls = [f"{http_files}/{os.path.basename(p)}" for p in numbered]
+    got = {}
+    for backend in ("obstore", "fsspec"):
+        with Loader(
+            urls,
+            batch_size=6,
+            decode=decode_number,
+            num_workers=1,
+            seed=3,
+            loader_process=True,
+            storage_backend=backend,
+        ) as loader:
+            got[backend] = values(list(loader))
+            names = set()
+            for tid in os.listdir(f"/proc/{loader_pid()}/task"):
+                with open(f"/proc/{loader_pid()}/task/{tid}/comm") as f:
+                    names.add(f.read().strip())
+        assert any(n.startswith("tokio") for n in names) == (backend == "obstore"), names
+    assert got["obstore"] == got["fsspec"]
+    assert not tokio_started()  # the trainer's process never ran obstore
+
+
+def test_storage_backend_settles_where_obstore_may_run() -> None:
+    assert resolve("auto", loader_process=False) == "fsspec"
+    assert resolve("fsspec", loader_process=True) == "fsspec"
+    assert resolve("obstore", loader_process=True) == "obstore"
+    with pytest.raises(ValueError, match="storage_backend='obstore' needs loader_process=True"):
+        Loader(["s3://b/a"], storage_backend="obstore")
+    with pytest.raises(ValueError, match="storage_backend='s3fs' must be 'auto', 'fsspec' or 'obstore'"):
+        Loader(["s3://b/a"], storage_backend="s3fs")  # type: ignore[arg-type]
+
+
+def test_obstore_takes_fsspec_option_names_or_leaves_the_protocol_to_fsspec(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("obstore")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws here
+    for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID"):
+        monkeypatch.delenv(name, raising=False)
+    opts = {
+        "key": "AK",
+        "secret": "SK",
+        "token": "T",
+        "endpoint_url": "http://127.0.0.1:9000",
+        "client_kwargs": {"region_name": "eu-west-1"},
+        "config_kwargs": {"max_pool_connections": 10},
+    }
+    assert obstore_kwargs("s3", opts) == {
+        "access_key_id": "AK",
+        "secret_access_key": "SK",
+        "session_token": "T",
+        "endpoint": "http://127.0.0.1:9000",
+        "region": "eu-west-1",
+    }
+    assert obstore_kwargs("s3", {"anon": True}) == {"skip_signature": True}
+    assert obstore_kwargs("https", {"client_kwargs": {"headers": {"A": "b"}}}) == {
+        "default_headers": {"A": "b"}
+    }
+    assert obstore_kwargs("s3", {"requester_pays": True}) is None  # no obstore name: fsspec reads
+    assert obstore_kwargs("http", {"key": "AK"}) is None
+    assert choose("s3", opts, "auto") == "obstore"
+    assert choose("s3", {"requester_pays": True}, "auto") == "fsspec"
+    assert choose("gs", {}, "auto") == "fsspec"
+    assert choose("s3", opts, "fsspec") == "fsspec"
+    # Credentials from an AWS profile: botocore reads config files, obstore does not.
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text("[default]\n")
+    assert choose("s3", {}, "auto") == "fsspec"
+    assert choose("s3", {"key": "AK", "secret": "SK"}, "auto") == "obstore"
+    with pytest.raises(LoaderError, match="cannot read gs:// URLs with these storage_options"):
+        choose("gs", {}, "obstore")
+
+
+def test_sample_timeout_bounds_a_remote_read(
+    http_files: str, numbered: list[str], where: dict[str, Any]
+) -> None:
+    """Every response waits 5 s; a sample may take 0.5 s: a LoaderTimeoutError naming the
+    URL, and the reads still in flight are cancelled by close (the test's timeout says so)."""
+    control(http_files, latency_ms=5000)
+    urls = [f"{http_files}/{os.path.basename(p)}" for p in numbered[:4]]
+    loader = Loader(urls, batch_size=2, decode=decode_number, num_workers=1, sample_timeout=0.5, **where)
+    with loader, pytest.raises(LoaderTimeoutError, match=r"sample_timeout=0.5s") as info:
+        list(loader)
+    assert info.value.path in urls
