@@ -201,9 +201,13 @@ class FileDataset:
         path_column: str = "path",
         label_column: str | None = None,
         root: StrPath | None = None,
+        offset_column: str | None = None,
+        length_column: str | None = None,
     ) -> FileDataset:
         """Rows of a CSV file with a header. Relative paths resolve against ``root``, or
-        else the CSV file's folder. String labels map to indices of their sorted names."""
+        else the CSV file's folder (URLs stay as they are). String labels map to indices of
+        their sorted names. With ``offset_column`` and ``length_column`` each row is the
+        byte range ``(path, offset, length)`` of its file or object (see :meth:`span`)."""
         csv_path = Path(path)
         if not csv_path.is_file():
             raise FileNotFoundError(f"from_csv: CSV file {os.fspath(csv_path)!r} does not exist")
@@ -211,27 +215,36 @@ class FileDataset:
         base = os.fspath(root if root is not None else csv_path.parent)
         builder = PathTableBuilder()
         codes = _LabelCodes(where) if label_column is not None else None
+        ranged = _span_columns(offset_column, length_column, where)
+        spans = array("q")
         # Streamed row by row: a CSV of 30 M rows never becomes a list of 30 M strings.
         with open(csv_path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
             header = next(reader, [])
-            _check_columns(header, path_column, label_column, where)
-            pcol = header.index(path_column)
-            lcol = header.index(label_column) if label_column is not None else -1
+            _check_columns(header, (path_column, label_column, offset_column, length_column), where)
+            pcol, lcol, ocol, ncol = (
+                header.index(c) if c is not None else -1
+                for c in (path_column, label_column, offset_column, length_column)
+            )
             for line, row in enumerate(reader, start=2):
                 if not row:
                     continue  # a blank line
-                if len(row) <= max(pcol, lcol):
+                if len(row) <= max(pcol, lcol, ocol, ncol):
                     raise ValueError(
                         f"{where}: line {line} is missing fields: it has {len(row)}, the header {len(header)}"
                     )
-                builder.append(_resolve(row[pcol], base))
+                entry = _resolve(row[pcol], base)
+                if ranged:
+                    span = (entry, _int(row[ocol]), _int(row[ncol]))
+                    spans.extend(_span(span, f"{where}: line {line}")[1:])
+                builder.append(entry)
                 if codes is not None:
                     codes.add(row[lcol])
         if not len(builder):
             raise ValueError(f"{where}: no rows")
         ds = cls.__new__(cls)
         ds._paths = builder.build()
+        ds._spans = np.frombuffer(spans, dtype=np.int64).reshape(-1, 2) if ranged else None
         ds._labels, ds.classes = codes.finish() if codes is not None else (None, None)
         return ds
 
@@ -243,17 +256,27 @@ class FileDataset:
         path_column: str = "path",
         label_column: str | None = None,
         root: StrPath | None = None,
+        offset_column: str | None = None,
+        length_column: str | None = None,
     ) -> FileDataset:
-        """Rows of a pandas DataFrame (pandas is optional: only this method needs it)."""
+        """Rows of a pandas DataFrame (pandas is optional: only this method needs it);
+        the columns mean what they mean for :meth:`from_csv`."""
         columns = [str(c) for c in getattr(df, "columns", [])]
-        _check_columns(columns, path_column, label_column, "from_dataframe")
-        paths = [str(p) for p in df[path_column].tolist()]
+        where = "from_dataframe"
+        _check_columns(columns, (path_column, label_column, offset_column, length_column), where)
+        paths: list[Any] = [str(p) for p in df[path_column].tolist()]
+        if _span_columns(offset_column, length_column, where):
+            offsets, lengths = df[offset_column].tolist(), df[length_column].tolist()
+            paths = [
+                _span((p, _int(o), _int(n)), f"{where}: row {i}")
+                for i, (p, o, n) in enumerate(zip(paths, offsets, lengths, strict=True))
+            ]
         raw = df[label_column].tolist() if label_column is not None else None
-        return cls._from_columns(paths, raw, root, "from_dataframe")
+        return cls._from_columns(paths, raw, root, where)
 
     @classmethod
     def _from_columns(
-        cls, paths: list[str], raw: list[Any] | None, root: StrPath | None, where: str
+        cls, paths: list[Any], raw: list[Any] | None, root: StrPath | None, where: str
     ) -> FileDataset:
         if not paths:
             raise ValueError(f"{where}: no rows")
@@ -265,17 +288,37 @@ class FileDataset:
         return cls(paths, labels, root=root, classes=classes)
 
 
-def _span(entry: tuple[Any, ...]) -> tuple[str, int, int]:
-    """A ``(path, offset, length)`` entry, checked."""
+def _span(entry: tuple[Any, ...], where: str = "") -> tuple[str, int, int]:
+    """A ``(path, offset, length)`` entry, checked (``where``: the row, for the message)."""
+    at = f"{where}: " if where else ""
     if len(entry) != 3 or not isinstance(entry[0], (str, os.PathLike)):
-        raise TypeError(f"a ranged entry is (path, offset, length), got {entry!r}")
+        raise TypeError(f"{at}a ranged entry is (path, offset, length), got {entry!r}")
     path, offset, length = entry
     for name, value in (("offset", offset), ("length", length)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{name}={value!r} of {os.fspath(path)!r} must be a non-negative integer")
+            raise ValueError(f"{at}{name}={value!r} of {os.fspath(path)!r} must be a non-negative integer")
     if length == 0:
-        raise ValueError(f"length=0 of {os.fspath(path)!r}: a sample needs at least one byte")
+        raise ValueError(f"{at}length=0 of {os.fspath(path)!r}: a sample needs at least one byte")
     return os.fspath(path), int(offset), int(length)
+
+
+def _int(value: Any) -> Any:
+    """A CSV field (or a pandas cell) that holds an integer, as one; anything else as it
+    is, for :func:`_span` to refuse with its value shown."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _span_columns(offset_column: str | None, length_column: str | None, where: str) -> bool:
+    """Whether rows are byte ranges: both columns or neither."""
+    if (offset_column is None) != (length_column is None):
+        raise ValueError(
+            f"{where}: offset_column={offset_column!r} and length_column={length_column!r} go together"
+        )
+    return offset_column is not None
 
 
 def _walk(folder: Path) -> list[str]:
@@ -326,7 +369,7 @@ class _LabelCodes:
         return np.asarray([rank[t] for t in texts], dtype=np.int64)[codes], classes
 
 
-def _check_columns(header: Sequence[str], path_column: str, label_column: str | None, where: str) -> None:
-    for col in (path_column, label_column):
+def _check_columns(header: Sequence[str], wanted: Sequence[str | None], where: str) -> None:
+    for col in wanted:
         if col is not None and col not in header:
             raise ValueError(f"{where}: column {col!r} not found; columns are {list(header)}")

@@ -1,18 +1,22 @@
-"""Remote storage: the same JPEGs served over HTTP by a loopback server that adds L ms to every
-request (``tests/servers.py``, an aiohttp file server on 127.0.0.1), read by aioloader on its
-event loop and by ``torch.utils.data.DataLoader`` whose Dataset calls fsspec's blocking
-``cat_file`` in ``__getitem__`` (what users write today), ``num_workers`` 2 and 8. Both run the
-plain user function ``userfns.random_crop``. Asserts nothing about time.
+"""Remote storage: the same JPEGs served by each loopback server of ``tests/servers.py`` on
+127.0.0.1 with L ms added to every request: over HTTP by the aiohttp file server, and over
+S3 by moto's server behind the loopback proxy (which adds the latency). They are read by
+aioloader on its event loop and by ``torch.utils.data.DataLoader`` whose Dataset calls
+fsspec's blocking ``cat_file`` in ``__getitem__`` (what users write today), ``num_workers``
+2 and 8. Both run the plain user function ``userfns.random_crop``. With ``--loader-process``
+aioloader also runs in a loader process through each client (obstore, fsspec). Asserts
+nothing about time.
 
 Reported per latency and loader (medians of ``--rounds`` interleaved rounds, one epoch each,
 start-up included): samples/s, ratio to DataLoader(num_workers=2), share of the decode limit
 (usable cores x single-core decode rate, measured at the start), what the server alone can
 serve (aioloader with ``decode=None``: bytes only), the trainer's process CPU per read, and
-the server process's own CPU per request, so a server-bound run shows as one.
+the server processes' own CPU per request (moto's and the proxy's together for S3), so a
+server-bound run shows as one.
 
-    python benchmarks/remote.py [--images 2000] [--latency 0,20,50] [--rounds 3]
-                                [--workers 2] [--peer-workers 2,8] [--io 64] [--io-slow 256]
-                                [--loader-process] [--faults]
+    python benchmarks/remote.py [--images 2000] [--store http,s3] [--latency 0,20,50]
+                                [--rounds 3] [--workers 2] [--peer-workers 2,8] [--io 64]
+                                [--io-slow 256] [--loader-process] [--faults]
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +37,12 @@ from torch.utils.data import DataLoader
 from userfns import FsspecRead, PeerDataset, batch_len, random_crop, read_file
 
 from aioloader import FileDataset, Loader
+from aioloader.backends import StorageBackend
 from aioloader.config import usable_cpus
 from aioloader.synthetic import make_image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from servers import control, start_file_server
+from servers import Server, control, s3_client, start_file_server, start_moto, start_proxy
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,9 +63,9 @@ def decode_rate(paths: list[str], seconds: float = 3.0) -> float:
     return n / (time.perf_counter() - start)
 
 
-def run(make: Any, server_pid: int) -> tuple[float, float, float, int]:
+def run(make: Any, server_pids: list[int]) -> tuple[float, float, float, int]:
     """One epoch from construction: (seconds, trainer CPU seconds, server CPU seconds, samples)."""
-    cpu0, srv0, t0 = time.process_time(), proc_cpu(server_pid), time.perf_counter()
+    cpu0, srv0, t0 = time.process_time(), sum(map(proc_cpu, server_pids)), time.perf_counter()
     loader = make()
     n = 0
     try:
@@ -70,7 +76,60 @@ def run(make: Any, server_pid: int) -> tuple[float, float, float, int]:
         if close is not None:
             close()
     seconds = time.perf_counter() - t0
-    return seconds, time.process_time() - cpu0, proc_cpu(server_pid) - srv0, n
+    return seconds, time.process_time() - cpu0, sum(map(proc_cpu, server_pids)) - srv0, n
+
+
+BUCKET = "bench-remote"
+
+
+def fault_run(
+    args: Any, store: str, control_url: str, urls: list[str], opts: dict[str, Any], lat: float
+) -> str:
+    """One epoch while 10% of objects answer 503 at first and (HTTP only: the proxy relays
+    whole bodies) every 100th response is cut off mid-body: is every sample there once?"""
+    resets = 100 if store == "http" else 0
+    control(control_url, latency_ms=lat, fail_first=1, fail_share=0.1, reset_every=resets)
+    t0 = time.perf_counter()
+    numbered = FileDataset(urls, list(range(len(urls))))  # label = index: each sample once?
+    loader = Loader(
+        numbered,
+        batch_size=args.batch_size,
+        decode=random_crop,
+        num_workers=args.workers,
+        io_concurrency=args.io,
+        storage_options=opts,
+    )
+    seen: list[int] = []
+    with loader:
+        for _, labels in loader:
+            seen.extend(labels.tolist())
+        stats = loader.stats
+    seconds = time.perf_counter() - t0
+    control(control_url, latency_ms=0, fail_first=0, fail_share=1.0, reset_every=0)
+    cut = ", every 100th response cut off mid-body" if resets else ""
+    return (
+        f"Fault run, {store} (+{lat:g} ms; 10% of objects answer 503 at first{cut}): {len(seen)} samples "
+        f"of {len(urls)} in {seconds:.1f} s ({len(seen) / seconds:.0f} samples/s), every sample exactly "
+        f"once: {sorted(seen) == list(range(len(urls)))}; read retries {stats.read_retries}, "
+        f"failures {stats.failures}"
+    )
+
+
+def serve(store: str, folder: Path, paths: list[str]) -> tuple[list[Server], str, list[str], dict[str, Any]]:
+    """Start ``store``'s servers: (servers, the URL to control, the images' URLs, options)."""
+    rel = [os.path.relpath(p, folder) for p in paths]
+    if store == "http":
+        server = start_file_server(folder)
+        return [server], server.url, [f"{server.url}/{r}" for r in rel], {}
+    moto = start_moto()
+    opts: dict[str, Any] = {"endpoint_url": moto.url, "key": "bench", "secret": "bench"}
+    client = s3_client(opts)
+    client.create_bucket(Bucket=BUCKET)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda r: client.upload_file(str(folder / r), BUCKET, r), rel))
+    proxy = start_proxy(moto.url)
+    opts["endpoint_url"] = proxy.url
+    return [moto, proxy], proxy.url, [f"s3://{BUCKET}/{r}" for r in rel], opts
 
 
 def main() -> int:
@@ -79,6 +138,7 @@ def main() -> int:
     cache = (Path(env).expanduser() if env else Path.home() / ".cache" / "aioloader") / "bench"
     p.add_argument("--data-dir", type=Path, default=cache, help="(%(default)s)")
     p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--store", default="http,s3", help="servers: http, s3 (%(default)s)")
     p.add_argument("--latency", default="0,20,50", help="ms added to every request (%(default)s)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=2, help="decode processes, both loaders (%(default)s)")
@@ -86,7 +146,11 @@ def main() -> int:
     p.add_argument("--io", type=int, default=64, help="aioloader io_concurrency below 50 ms (%(default)s)")
     p.add_argument("--io-slow", type=int, default=256, help="io_concurrency at 50 ms and above (%(default)s)")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--loader-process", action="store_true", help="also aioloader with loader_process=True")
+    p.add_argument(
+        "--loader-process",
+        action="store_true",
+        help="also aioloader with loader_process=True, through obstore and through fsspec",
+    )
     p.add_argument(
         "--faults",
         action="store_true",
@@ -98,82 +162,75 @@ def main() -> int:
     folder = args.data_dir / f"{args.images}img_10cls_500x375"
     make_image_folder(folder, num_images=args.images, num_classes=10, size=(500, 375))
     local = FileDataset.from_folder(folder)
-    server = start_file_server(folder)
-    try:
-        urls = [f"{server.url}/{os.path.relpath(p, folder)}" for p in local.paths]
-        files = FileDataset(urls, local.labels, classes=local.classes)
-        cores = usable_cpus()
-        rate = decode_rate(list(local.paths))
-        limit = cores * rate
-        print(
-            f"# decode limit {cores} x {rate:.0f} = {limit:.0f} samples/s; server pid {server.pid}",
-            flush=True,
-        )
-        latencies = [float(x) for x in args.latency.split(",") if x.strip()]
-        peers = [int(x) for x in args.peer_workers.split(",") if x.strip()]
-        results: dict[tuple[float, str], list[tuple[float, float, float, int]]] = defaultdict(list)
+    cores = usable_cpus()
+    rate = decode_rate(list(local.paths))
+    limit = cores * rate
+    print(f"# decode limit {cores} x {rate:.0f} = {limit:.0f} samples/s", flush=True)
+    latencies = [float(x) for x in args.latency.split(",") if x.strip()]
+    peers = [int(x) for x in args.peer_workers.split(",") if x.strip()]
+    stores = [x.strip() for x in args.store.split(",") if x.strip()]
+    results: dict[tuple[str, float, str], list[tuple[float, float, float, int]]] = defaultdict(list)
+    fault_lines: list[str] = []
+    for store in stores:
+        servers, control_url, urls, opts = serve(store, folder, list(local.paths))
+        pids = [s.pid for s in servers]
+        try:
+            files = FileDataset(urls, local.labels, classes=local.classes)
 
-        def aio(io: int, decode: Any, process: bool = False) -> Any:
-            return lambda: Loader(
-                files,
-                batch_size=args.batch_size,
-                decode=decode,
-                num_workers=args.workers,
-                io_concurrency=io,
-                loader_process=process,
-            )
+            def aio(
+                io: int,
+                decode: Any,
+                process: bool = False,
+                backend: StorageBackend = "auto",
+                files: Any = files,
+            ) -> Any:
+                return lambda: Loader(
+                    files,
+                    batch_size=args.batch_size,
+                    decode=decode,
+                    num_workers=args.workers,
+                    io_concurrency=io,
+                    loader_process=process,
+                    storage_options=opts,  # noqa: B023 - called before the loop moves on
+                    storage_backend=backend,
+                )
 
-        def peer(workers: int) -> Any:
-            return lambda: DataLoader(
-                PeerDataset(files, random_crop, FsspecRead("http")),
-                batch_size=args.batch_size,
-                shuffle=True,
-                num_workers=workers,
-                persistent_workers=False,
-            )
+            def peer(workers: int, files: Any = files) -> Any:
+                return lambda: DataLoader(
+                    PeerDataset(files, random_crop, FsspecRead(store, **opts)),  # noqa: B023
+                    batch_size=args.batch_size,
+                    shuffle=True,
+                    num_workers=workers,
+                    persistent_workers=False,
+                )
 
-        for r in range(args.rounds):
-            for lat in latencies:
-                control(server.url, latency_ms=lat)
-                io = args.io_slow if lat >= 50 else args.io
-                runs = [(f"DataLoader(num_workers={w})", peer(w)) for w in peers]
-                runs += [(f"aioloader (io_concurrency={io})", aio(io, random_crop))]
-                if args.loader_process:
-                    runs += [(f"aioloader, loader process (io_concurrency={io})", aio(io, random_crop, True))]
-                runs += [("server alone (aioloader, decode=None)", aio(io, None))]
-                for name, make in runs:
-                    res = run(make, server.pid)
-                    results[lat, name].append(res)
-                    print(f"# round {r + 1} +{lat:g} ms {name}: {res[3] / res[0]:.0f} samples/s", flush=True)
-        fault_line = ""
-        if args.faults:
-            lat = latencies[0]
-            control(server.url, latency_ms=lat, fail_first=1, fail_share=0.1, reset_every=100)
-            t0 = time.perf_counter()
-            numbered = FileDataset(urls, list(range(len(urls))))  # label = index: each sample once?
-            loader = Loader(
-                numbered,
-                batch_size=args.batch_size,
-                decode=random_crop,
-                num_workers=args.workers,
-                io_concurrency=args.io,
-            )
-            seen: list[int] = []
-            with loader:
-                for _, labels in loader:
-                    seen.extend(labels.tolist())
-                stats = loader.stats
-            seconds = time.perf_counter() - t0
-            fault_line = (
-                f"Fault run (+{lat:g} ms; 10% of objects answer 503 at first, every 100th response cut off "
-                f"mid-body): {len(seen)} samples of {len(urls)} in {seconds:.1f} s "
-                f"({len(seen) / seconds:.0f} samples/s), every sample exactly once: "
-                f"{sorted(seen) == list(range(len(urls)))}; read retries {stats.read_retries}, "
-                f"failures {stats.failures}"
-            )
-            control(server.url, latency_ms=0, fail_first=0, fail_share=1.0, reset_every=0)
-    finally:
-        server.stop()
+            for r in range(args.rounds):
+                for lat in latencies:
+                    control(control_url, latency_ms=lat)
+                    io = args.io_slow if lat >= 50 else args.io
+                    runs = [(f"DataLoader(num_workers={w})", peer(w)) for w in peers]
+                    runs += [(f"aioloader (io_concurrency={io})", aio(io, random_crop))]
+                    if args.loader_process:
+                        for backend in ("obstore", "fsspec"):
+                            runs += [
+                                (
+                                    f"aioloader, loader process, {backend} (io_concurrency={io})",
+                                    aio(io, random_crop, True, backend),
+                                )
+                            ]
+                    runs += [("server alone (aioloader, decode=None)", aio(io, None))]
+                    for name, make in runs:
+                        res = run(make, pids)
+                        results[store, lat, name].append(res)
+                        print(
+                            f"# {store} round {r + 1} +{lat:g} ms {name}: {res[3] / res[0]:.0f} samples/s",
+                            flush=True,
+                        )
+            if args.faults:
+                fault_lines.append(fault_run(args, store, control_url, urls, opts, latencies[0]))
+        finally:
+            for server in servers:
+                server.stop()
 
     med = statistics.median
     print()
@@ -184,31 +241,33 @@ def main() -> int:
         f"Python {sys.version.split()[0]}, torch {torch.__version__}"
     )
     print(
-        f"- {args.images} JPEGs 500x375 served by tests/servers.py (aiohttp, 127.0.0.1) with +L ms per "
-        f"request; batch {args.batch_size}; decode userfns.random_crop in {args.workers} processes "
+        f"- {args.images} JPEGs 500x375 served by tests/servers.py on 127.0.0.1 (http: the aiohttp file "
+        f"server; s3: moto behind the aiohttp proxy) with +L ms per request; batch {args.batch_size}; decode userfns.random_crop in {args.workers} processes "
         f"(aioloader) or num_workers (DataLoader, fsspec cat_file in __getitem__); decode limit "
         f"{limit:.0f} samples/s; medians of {args.rounds} rounds, one epoch each, start-up included"
     )
     print()
     print(
-        f"| +ms | loader | samples/s | vs DataLoader({peers[0]}) | share of decode limit | share of server alone "
-        "| trainer CPU ms/read | server CPU ms/request |"
+        f"| store | +ms | loader | samples/s | vs DataLoader({peers[0]}) | share of decode limit "
+        "| share of server alone | trainer CPU ms/read | server CPU ms/request |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
-    for lat in latencies:
-        names = [n for (la, n) in results if la == lat]
-        base = med(x[3] / x[0] for x in results[lat, f"DataLoader(num_workers={peers[0]})"])
-        alone = med(x[3] / x[0] for x in results[lat, names[-1]])
-        for name in names:
-            rs = results[lat, name]
-            sps = med(x[3] / x[0] for x in rs)
-            print(
-                f"| {lat:g} | {name} | {sps:.0f} | {sps / base:.2f}x | {sps / limit:.0%} | {sps / alone:.0%} "
-                f"| {med(x[1] / x[3] for x in rs) * 1e3:.3f} | {med(x[2] / x[3] for x in rs) * 1e3:.3f} |"
-            )
-    if fault_line:
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for store in stores:
+        for lat in latencies:
+            names = [n for (st, la, n) in results if (st, la) == (store, lat)]
+            base = med(x[3] / x[0] for x in results[store, lat, f"DataLoader(num_workers={peers[0]})"])
+            alone = med(x[3] / x[0] for x in results[store, lat, names[-1]])
+            for name in names:
+                rs = results[store, lat, name]
+                sps = med(x[3] / x[0] for x in rs)
+                print(
+                    f"| {store} | {lat:g} | {name} | {sps:.0f} | {sps / base:.2f}x | {sps / limit:.0%} "
+                    f"| {sps / alone:.0%} | {med(x[1] / x[3] for x in rs) * 1e3:.3f} "
+                    f"| {med(x[2] / x[3] for x in rs) * 1e3:.3f} |"
+                )
+    for line in fault_lines:
         print()
-        print(fault_line)
+        print(line)
     return 0
 
 

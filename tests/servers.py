@@ -4,7 +4,14 @@ subprocess on 127.0.0.1 at a free port and is stopped by its PID.
 
 The file server is this module run as a script::
 
-    python tests/servers.py ROOT PORT
+    python tests/servers.py ROOT PORT             # serves the files under ROOT
+    python tests/servers.py --proxy URL PORT      # relays every request to URL (moto)
+    python tests/servers.py --moto-filled PORT BUCKET COUNT CLASSES   # moto, with objects
+
+As a proxy it stands in front of moto so that S3 gets the same latency and faults as the
+file server: each request waits, may fail, then goes upstream as it came. ``--moto-filled``
+puts COUNT empty objects in BUCKET (``train/class_KK/NNNNNNN.jpg``) through moto's own
+backend before serving, a hundred thousand in seconds where uploads would take minutes.
 
 ``POST /_control`` with a JSON body sets, for every later request: ``latency_ms`` (added to
 each response), ``fail_first`` (the first N requests of each path answer 503; with
@@ -24,7 +31,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RUNNING", "Server", "control", "free_port", "s3_client", "start_file_server", "start_moto"]
+__all__ = [
+    "RUNNING",
+    "Server",
+    "control",
+    "free_port",
+    "s3_client",
+    "start_file_server",
+    "start_moto",
+    "start_proxy",
+]
 
 #: PIDs of the servers running now: process-wide helpers, like the fork server, for the
 #: tests' leak checks (tests/helpers.py, ``shared_helper_pids``).
@@ -74,18 +90,23 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, what: str, timeout
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
 
 
-def start_moto(check_credentials: bool = False) -> Server:
+def start_moto(check_credentials: bool = False, filled: tuple[str, int, int] | None = None) -> Server:
     """moto's S3 server (``moto[server]``) on 127.0.0.1. It accepts any credentials, unless
-    ``check_credentials``: then keys it does not know are refused (InvalidAccessKeyId)."""
+    ``check_credentials``: then keys it does not know are refused (InvalidAccessKeyId).
+    ``filled=(bucket, count, classes)``: that bucket holds ``count`` empty objects under
+    ``train/class_KK/`` (see the module docstring)."""
     port = free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"} if check_credentials else None
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    if filled is not None:
+        cmd = [sys.executable, os.path.abspath(__file__), "--moto-filled", str(port), *map(str, filled)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        cmd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
     )
-    _wait_listening(proc, port, "moto's S3 server")
+    _wait_listening(proc, port, "moto's S3 server", timeout=300.0)
     return Server(proc, f"http://127.0.0.1:{port}")
 
 
@@ -98,6 +119,19 @@ def start_file_server(root: Path) -> Server:
         stderr=subprocess.DEVNULL,
     )
     _wait_listening(proc, port, "the file server")
+    return Server(proc, f"http://127.0.0.1:{port}")
+
+
+def start_proxy(upstream: str) -> Server:
+    """This module's server relaying to ``upstream`` (latency and faults set by
+    :func:`control`, as for the file server)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--proxy", upstream, str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_listening(proc, port, "the proxy")
     return Server(proc, f"http://127.0.0.1:{port}")
 
 
@@ -124,12 +158,26 @@ def control(url: str, **settings: float) -> None:
         pass
 
 
-def _serve(root: Path, port: int) -> None:  # pragma: no cover - runs in the server process
+def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  # pragma: no cover
+    """The file server (``root``) or the proxy (``upstream``); runs in the server process."""
     import asyncio
     import zlib
     from collections import Counter
 
+    import aiohttp
     from aiohttp import web
+
+    #: What the proxy passes on each way (hop-by-hop headers and Host stay behind).
+    keep_up = ("Range", "Authorization", "X-Amz-Date", "X-Amz-Content-Sha256", "X-Amz-Security-Token")
+    keep_down = (
+        "Content-Type",
+        "Content-Range",
+        "ETag",
+        "Last-Modified",
+        "Accept-Ranges",
+        "x-amz-request-id",
+    )
+    session: list[aiohttp.ClientSession] = []
 
     control = {"latency_ms": 0.0, "fail_first": 0, "fail_share": 1.0, "reset_every": 0, "fail_status": 503}
     seen: Counter[str] = Counter()
@@ -152,6 +200,9 @@ def _serve(root: Path, port: int) -> None:  # pragma: no cover - runs in the ser
         chosen = zlib.crc32(rel.encode()) % 10_000 < float(control["fail_share"]) * 10_000
         if chosen and seen[rel] <= int(control["fail_first"]):
             return web.Response(status=int(control["fail_status"]), text="try again")
+        if upstream is not None:
+            return await relay(request)
+        assert root is not None
         path = (root / rel).resolve()
         if root not in path.parents or not path.is_file():
             return web.Response(status=404, text="no such object")
@@ -168,12 +219,40 @@ def _serve(root: Path, port: int) -> None:  # pragma: no cover - runs in the ser
         request.transport.close()  # the body is cut short: the client sees a short payload
         return resp
 
+    async def relay(request: web.Request) -> web.StreamResponse:
+        if not session:
+            connector = aiohttp.TCPConnector(limit=0)
+            session.append(aiohttp.ClientSession(connector=connector, auto_decompress=False))
+        headers = {k: v for k, v in request.headers.items() if k in keep_up or k.lower().startswith("x-amz-")}
+        async with session[0].get(f"{upstream}{request.path_qs}", headers=headers) as up:
+            body = await up.read()
+            down = {k: v for k, v in up.headers.items() if k in keep_down}
+            return web.Response(status=up.status, body=body, headers=down)
+
     app = web.Application()
     app.router.add_post("/_control", set_control)
     app.router.add_get("/_stats", stats)
-    app.router.add_get("/{path:.+}", serve_file)
+    app.router.add_get("/{path:.*}", serve_file)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
+def _moto_filled(port: int, bucket: str, count: int, classes: int) -> None:  # pragma: no cover
+    """moto's server with ``count`` objects already in ``bucket``; runs in the server process."""
+    from moto import server
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+    backend.create_bucket(bucket, "us-east-1")
+    for i in range(count):
+        backend.put_object(bucket, f"train/class_{i % classes:02d}/{i:07d}.jpg", b"")
+    server.main(["-H", "127.0.0.1", "-p", str(port)])
+
+
 if __name__ == "__main__":
-    _serve(Path(sys.argv[1]).resolve(), int(sys.argv[2]))
+    if sys.argv[1] == "--proxy":
+        _serve(None, int(sys.argv[3]), upstream=sys.argv[2].rstrip("/"))
+    elif sys.argv[1] == "--moto-filled":
+        _moto_filled(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    else:
+        _serve(Path(sys.argv[1]).resolve(), int(sys.argv[2]))

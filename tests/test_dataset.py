@@ -395,3 +395,76 @@ def test_entries_may_be_byte_spans_of_a_file() -> None:
         FileDataset([("x", 0, 0)])
     with pytest.raises(TypeError, match=r"a ranged entry is \(path, offset, length\)"):
         FileDataset([("x", 1)])  # type: ignore[list-item]
+
+
+def test_from_csv_and_from_dataframe_read_byte_range_columns(tmp_path: Path) -> None:
+    """An index of a shard (its path, each sample's offset and length, a label): the same
+    entries from a CSV and from a DataFrame, URLs kept as they are."""
+    rows = [
+        ("shard-0.tar", 512, 100, "cat"),
+        ("s3://bucket/shard-1.tar", 0, 7, "dog"),
+        ("shard-0.tar", 1024, 30, "cat"),
+    ]
+    csv_path = tmp_path / "index.csv"
+    csv_path.write_text("path,offset,length,label\n" + "".join(f"{p},{o},{n},{y}\n" for p, o, n, y in rows))
+    from_csv = FileDataset.from_csv(
+        csv_path, label_column="label", offset_column="offset", length_column="length"
+    )
+    df = pd.DataFrame(rows, columns=["path", "offset", "length", "label"])
+    from_df = FileDataset.from_dataframe(
+        df, label_column="label", root=tmp_path, offset_column="offset", length_column="length"
+    )
+    for ds in (from_csv, from_df):
+        assert ds.has_spans
+        assert [ds.path(i) for i in range(3)] == [
+            os.fspath(tmp_path / "shard-0.tar"),
+            "s3://bucket/shard-1.tar",
+            os.fspath(tmp_path / "shard-0.tar"),
+        ]
+        assert [ds.span(i) for i in range(3)] == [(512, 100), (0, 7), (1024, 30)]
+        assert ds.classes == ["cat", "dog"] and ds.labels is not None and ds.labels.tolist() == [0, 1, 0]
+
+
+def test_byte_range_columns_are_checked_with_the_row_named(tmp_path: Path) -> None:
+    csv_path = tmp_path / "index.csv"
+    csv_path.write_text("path,offset,length\na.tar,0,10\na.tar,ten,10\n")
+    with pytest.raises(ValueError, match=r"line 3: offset='ten' of .*a\.tar' must be a non-negative integer"):
+        FileDataset.from_csv(csv_path, offset_column="offset", length_column="length")
+    with pytest.raises(ValueError, match="offset_column='offset' and length_column=None go together"):
+        FileDataset.from_csv(csv_path, offset_column="offset")
+    with pytest.raises(ValueError, match=r"column 'size' not found"):
+        FileDataset.from_csv(csv_path, offset_column="offset", length_column="size")
+    df = pd.DataFrame({"path": ["a.tar", "a.tar"], "offset": [0, 5], "length": [10, 0]})
+    with pytest.raises(ValueError, match=r"row 1: length=0 of 'a\.tar'"):
+        FileDataset.from_dataframe(df, offset_column="offset", length_column="length")
+
+
+def test_a_loader_reads_datasets_from_csv_whole_files_and_byte_ranges(
+    tmp_path: Path, numbered: list[str]
+) -> None:
+    """The numbered files listed in a CSV, then the same samples as byte ranges of one
+    shard listed in another: both load, in order, with their labels."""
+    from helpers import decode_number
+
+    from aioloader import Loader
+
+    whole = tmp_path / "whole.csv"
+    whole.write_text("path,label\n" + "".join(f"{p},{i}\n" for i, p in enumerate(numbered)))
+    shard = tmp_path / "shard.bin"
+    lines = []
+    with open(shard, "wb") as f:
+        for i, p in enumerate(numbered):
+            f.write(b"--")
+            data = Path(p).read_bytes()
+            lines.append(f"shard.bin,{f.tell()},{len(data)},{i}\n")
+            f.write(data)
+    ranged = tmp_path / "ranged.csv"
+    ranged.write_text("path,offset,length,label\n" + "".join(lines))
+    datasets = [
+        FileDataset.from_csv(whole, label_column="label"),
+        FileDataset.from_csv(ranged, label_column="label", offset_column="offset", length_column="length"),
+    ]
+    for ds in datasets:
+        with Loader(ds, batch_size=4, decode=decode_number, shuffle=False, num_workers=1) as loader:
+            got = [(int(v), int(y)) for x, labels in loader for v, y in zip(x, labels, strict=True)]
+        assert got == [(i, i) for i in range(len(numbered))]

@@ -1,0 +1,68 @@
+"""Listing a bucket: ``FileDataset.from_folder("s3://...")`` on a moto bucket of 100,000
+objects in 10 class prefixes, the prefixes listed concurrently (what ``from_folder`` does)
+against one after another (``remote.list_folder(..., concurrent=False)``), each listing
+paginated (1,000 keys a page). moto runs on 127.0.0.1 with the objects put through its own
+backend (``tests/servers.py --moto-filled``); a loopback proxy in front of it adds L ms to
+every request, as a real endpoint's round trip would. Asserts nothing about time.
+
+    python benchmarks/listing.py [--objects 100000] [--classes 10] [--latency 0,20] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from aioloader import FileDataset
+from aioloader.remote import list_folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from servers import control, start_moto, start_proxy
+
+BUCKET = "bench-listing"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--objects", type=int, default=100_000, help="(%(default)s)")
+    p.add_argument("--classes", type=int, default=10, help="(%(default)s)")
+    p.add_argument("--latency", default="0,20", help="ms added per request (%(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="(%(default)s)")
+    args = p.parse_args()
+    latencies = [float(x) for x in args.latency.split(",")]
+    print(f"# {shlex.join(['python', *sys.argv])}")
+    t0 = time.perf_counter()
+    moto = start_moto(filled=(BUCKET, args.objects, args.classes))
+    proxy = start_proxy(moto.url)
+    print(f"moto up with {args.objects:,} objects in {time.perf_counter() - t0:.1f} s")
+    try:
+        opts = {"endpoint_url": proxy.url, "key": "bench", "secret": "bench"}
+        root = f"s3://{BUCKET}/train/"
+        print(f"\n{'latency':>8} {'concurrent s':>13} {'one by one s':>13} {'ratio':>6} {'objects':>8}")
+        for latency in latencies:
+            control(proxy.url, latency_ms=latency)
+            times: dict[bool, list[float]] = {True: [], False: []}
+            counts: set[int] = set()
+            for _ in range(args.rounds):
+                for concurrent in (True, False):  # interleaved
+                    start = time.perf_counter()
+                    if concurrent:
+                        n = len(FileDataset.from_folder(root, storage_options=opts))
+                    else:
+                        n = sum(len(v) for v in list_folder(root, opts, concurrent=False).values())
+                    times[concurrent].append(time.perf_counter() - start)
+                    counts.add(n)
+            conc, seq = statistics.median(times[True]), statistics.median(times[False])
+            print(f"{latency:>6.0f}ms {conc:>13.2f} {seq:>13.2f} {seq / conc:>5.2f}x {sorted(counts)!s:>8}")
+    finally:
+        proxy.stop()
+        moto.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
