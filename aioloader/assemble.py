@@ -31,6 +31,7 @@ from .decode.protocol import ArrayRef, InArea, Pickled, RowResult, Written
 from .decode.slabs import Slab, SlabPool
 from .errors import LoaderError
 from .items import Batch
+from .stages import StageMeter
 from .tree import unflatten
 
 __all__ = ["Assembler", "view_array"]
@@ -56,7 +57,9 @@ class Assembler:
         collate: Callable[[list[Any]], Any] | None,
         zero_copy: bool,
         collate_pool: Executor,
+        meter: StageMeter | None = None,
     ) -> None:
+        self._meter = meter if meter is not None else StageMeter("collate")
         self._labels = labels
         self._slabs = slabs
         self._custom = collate
@@ -78,17 +81,29 @@ class Assembler:
         sample = slab.layout.sample if slab is not None else None
         if sample is not None and self._custom is None and all(isinstance(results[r], Written) for r in kept):
             assert slab is not None
-            value, slab = self._from_blocks(results, kept, slab)
+            entered = self._meter.enter()
+            try:
+                value, slab = self._from_blocks(results, kept, slab)
+            finally:
+                self._meter.leave(entered)
             return Batch(index=k, value=value if labels is None else (value, labels), size=len(kept)), slab
         samples, slab = self._samples(results, kept, slab)
         if labels is not None:
             samples = [(s, int(lbl)) for s, lbl in zip(samples, labels.tolist(), strict=True)]
         loop = asyncio.get_running_loop()
         try:
-            value = await loop.run_in_executor(self._pool, self._collate, samples)
+            value = await loop.run_in_executor(self._pool, self._metered, samples)
         except Exception as exc:
             raise LoaderError(f"collate failed for batch {k}: {type(exc).__name__}: {exc}") from exc
         return Batch(index=k, value=value, size=len(samples)), slab
+
+    def _metered(self, samples: list[Any]) -> Any:
+        """``collate`` on the collate thread, timed there (not its wait for the thread)."""
+        entered = self._meter.enter()
+        try:
+            return self._collate(samples)
+        finally:
+            self._meter.leave(entered)
 
     def _release(self, slab: Slab) -> None:
         assert self._slabs is not None

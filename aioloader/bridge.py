@@ -18,6 +18,7 @@ from .device import DeviceCopier
 from .errors import LoaderError
 from .handoff import Handoff
 from .items import Batch, End, Failure, Item
+from .stages import StageMeter
 
 __all__ = ["Bridge", "Run", "Source"]
 
@@ -84,8 +85,9 @@ class Run:
 class Bridge:
     """The ``aioloader-transfer`` thread: serves runs one after another until stopped."""
 
-    def __init__(self, copier: DeviceCopier) -> None:
+    def __init__(self, copier: DeviceCopier, meter: StageMeter | None = None) -> None:
         self.copier = copier
+        self.meter = meter if meter is not None else StageMeter("transfer")
         self._runs: queue.SimpleQueue[Source | None] = queue.SimpleQueue()
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -121,12 +123,15 @@ class Bridge:
         try:
             while (item := run.next_ready()) is not None:
                 if isinstance(item, Batch):
+                    entered = self.meter.enter()
                     try:
                         item.value, item.event = self.copier.to_device(item.value)
                     except Exception as exc:  # noqa: BLE001 - goes to the trainer in order
                         err = LoaderError(f"copying batch {item.index} to {self.copier.device} failed: {exc}")
                         err.__cause__ = exc
                         item = Failure(err)
+                    finally:
+                        self.meter.leave(entered)
                 if not run.handoff.put(item) or isinstance(item, (End, Failure)):
                     return
         finally:

@@ -112,6 +112,8 @@ class LoaderConfig:
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     #: the client of remote reads (:mod:`aioloader.backends`).
     storage_backend: StorageBackend = "auto"
+    #: a progress bar per epoch (:mod:`aioloader.progressbar`).
+    progress: bool | Literal["always"] = False
 
     @classmethod
     def create(
@@ -142,6 +144,7 @@ class LoaderConfig:
         loader_process: object = False,
         storage_options: object = None,
         storage_backend: object = "auto",
+        progress: object = False,
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
@@ -203,6 +206,8 @@ class LoaderConfig:
                 f"got {type(storage_options).__name__}"
             )
         backend = resolve(storage_backend, bool(loader_process))
+        if progress not in (True, False, "always") or not isinstance(progress, (bool, str)):
+            raise ValueError(f"progress={progress!r} must be True, False or 'always'")
         return cls(
             batch_size=bs,
             decode=decode,
@@ -229,4 +234,5 @@ class LoaderConfig:
             loader_process=bool(loader_process),
             storage_options=dict(storage_options) if storage_options is not None else None,
             storage_backend=backend,
+            progress=progress,
         )

@@ -19,6 +19,7 @@ from .errors import LoaderClosedError, LoaderError
 from .handoff import Closed
 from .items import Batch, End, Failure, Item
 from .procruntime import ProcessRuntime
+from .progressbar import EpochBar
 from .resume import Progress
 from .runtime import Runtime
 from .stats import Counters
@@ -42,15 +43,17 @@ class Cursor:
         progress: Progress,
         counters: Counters,
         is_closed: Callable[[], bool],
+        bar: EpochBar | None = None,
     ) -> None:
         self.counters = counters
+        self.bar = bar
         self.is_closed = is_closed
         self.runtime = runtime
         self.run = run
         self.progress = progress
         self.done = False
         # An iterator dropped mid-epoch (``break``) cancels its run's reads and decodes.
-        self._finalizer = weakref.finalize(self, run.cancel)
+        self._finalizer = weakref.finalize(self, _stop, run, bar)
 
     def check(self) -> None:
         """Refuse use from a forked child, after close, or once a newer iteration started
@@ -77,6 +80,8 @@ class Cursor:
                 return _EMPTY
             value = self.runtime.copier.receive(item)
             self.counters.delivered(item.size, waited)
+            if self.bar is not None:
+                self.bar.update()
             return value
         self.done = True
         self._finalizer()
@@ -94,6 +99,12 @@ class Cursor:
             sigterm.uninstall()  # the loader was closed on another thread: tidy up here
             return LoaderClosedError(CLOSED_MESSAGE)
         return LoaderError(SUPERSEDED_MESSAGE)
+
+
+def _stop(run: Source, bar: EpochBar | None) -> None:
+    run.cancel()
+    if bar is not None:
+        bar.close()
 
 
 class SyncIter(Iterator[Any]):

@@ -84,8 +84,11 @@ class Engine:
                 hot=isinstance(config.decode, ImageDecoder),
                 local=collate_pool,
                 on_restart=counters.set_worker_restarts,
+                meter=counters.meters["decode"],
             )
-        self._assembler = Assembler(dataset.labels, slabs, config.collate, config.zero_copy, collate_pool)
+        self._assembler = Assembler(
+            dataset.labels, slabs, config.collate, config.zero_copy, collate_pool, counters.meters["collate"]
+        )
         self._layout = LayoutTracker(declared_layout(config.decode))
         self._sizes = _SizeTracker(config.batch_size)
         self._plan_slabs()

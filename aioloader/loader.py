@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -28,6 +28,7 @@ from .dataset import FileDataset, StrPath
 from .decode.image import ImageDecoder
 from .errors import LoaderClosedError
 from .procruntime import NoZygote, ProcessRuntime
+from .progressbar import make_bar
 from .resume import Progress, ResumePoint, check_state, make_state, plan_for
 from .runtime import Runtime
 from .sampler import num_batches, shard_size
@@ -121,6 +122,9 @@ class Loader:
             obstore for ``s3://`` and ``http(s)://`` where it is installed and can take the
             options; else fsspec), ``"fsspec"``, or ``"obstore"`` (needs
             ``loader_process=True``). See :mod:`aioloader.backends`.
+        progress: a progress bar per epoch on stderr (tqdm): batches, samples/s, MB/s and
+            the share of time the trainer waited. ``True`` draws it only when stderr is a
+            terminal; ``"always"`` draws it anyway (a log file).
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -160,6 +164,7 @@ class Loader:
         loader_process: bool = False,
         storage_options: dict[str, Any] | None = None,
         storage_backend: StorageBackend = "auto",
+        progress: bool | Literal["always"] = False,
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -189,6 +194,7 @@ class Loader:
             loader_process=loader_process,
             storage_options=storage_options,
             storage_backend=storage_backend,
+            progress=progress,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset
@@ -202,7 +208,7 @@ class Loader:
         self._lock = threading.Lock()
         self._runtime: Runtime | ProcessRuntime | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        self._counters = Counters()
+        self._counters = Counters.for_loader(self._config, self._dataset.path(0))
         self._epoch = 0
         self._epoch_set = True  # the first iteration uses epoch 0 unless set_epoch says otherwise
         self._resume: ResumePoint | None = None  # from load_state_dict, until its epoch starts
@@ -319,7 +325,8 @@ class Loader:
         self._progress = Progress(self._epoch, len(plan), point)
         self._counters.begin_epoch(self._epoch)
         run = runtime.start_run(plan, point)
-        return Cursor(runtime, run, self._progress, self._counters, lambda: self._state is State.CLOSED)
+        bar = make_bar(self._config.progress, self._epoch, len(plan), self._counters)
+        return Cursor(runtime, run, self._progress, self._counters, lambda: self._state is State.CLOSED, bar)
 
     # -- resumption -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -124,7 +124,7 @@ class Host:
         self.config = config
         self.dataset = dataset
         self.send = send
-        self.counters = Counters()
+        self.counters = Counters.for_loader(config, dataset.path(0))
         self.parts: Pipeline | None = None
         self.task: asyncio.Task[None] | None = None
         self.run_id = -1

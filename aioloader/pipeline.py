@@ -104,6 +104,7 @@ def build(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Pip
         on_retry=lambda path, exc: counters.retried(),
         storage_options=config.storage_options,
         storage_backend=config.storage_backend,
+        meter=counters.meters["read"],
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
     engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters)

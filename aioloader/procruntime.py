@@ -228,7 +228,7 @@ class ProcessRuntime(runtime.RuntimeBase):
         try:
             self._wait_ready()
             self.copier = DeviceCopier(config.device, config.pin_memory)
-            self.bridge = Bridge(self.copier)
+            self.bridge = Bridge(self.copier, counters.meters["transfer"])
         except BaseException:
             self._stop_process(grace=1.0)
             raise

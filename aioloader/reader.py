@@ -36,6 +36,7 @@ from .decode.protocol import Source
 from .decode.slabs import Arena
 from .errors import LoaderTimeoutError, ReadError, SampleError
 from .remote import RemoteStore, is_remote, local_path, redact
+from .stages import StageMeter
 from .threads import DaemonThreadPool
 
 __all__ = ["FileReader", "ReadPace", "Source", "read_file"]
@@ -234,8 +235,11 @@ class FileReader:
         on_retry: Callable[[str, OSError], None] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         storage_backend: StorageBackend = "auto",
+        meter: StageMeter | None = None,
     ) -> None:
         self.io_concurrency = io_concurrency
+        #: Reads in flight (holding one of the ``io_concurrency`` slots) and their latency.
+        self.meter = meter if meter is not None else StageMeter("read", bound=io_concurrency)
         # URLs go to the remote store unless a custom ``read`` takes every path itself.
         self.remote = RemoteStore(storage_options, io_concurrency, storage_backend) if read is None else None
         self.retries = retries
@@ -323,7 +327,11 @@ class FileReader:
                 self._groups = asyncio.Semaphore(GROUP_THREADS)
             async with self._groups, self._sem:
                 loop = asyncio.get_running_loop()
-                got = await loop.run_in_executor(self._pool, _read_group, one, paths, self.pace)
+                entered = self.meter.enter(len(paths))
+                try:
+                    got = await loop.run_in_executor(self._pool, _read_group, one, paths, self.pace)
+                finally:
+                    self.meter.leave(entered, len(paths), per=len(paths))
             for (index, path), res in zip(items, got, strict=False):
                 if isinstance(res, OSError) and res.errno in TRANSIENT:
                     failed = res
@@ -410,7 +418,11 @@ class FileReader:
         while True:
             try:
                 async with self._sem:
-                    return await fn(*args, executor=self._pool)
+                    entered = self.meter.enter()
+                    try:
+                        return await fn(*args, executor=self._pool)
+                    finally:
+                        self.meter.leave(entered)
             except OSError as exc:
                 attempt += 1
                 if exc.errno not in TRANSIENT or attempt > self.retries:

@@ -198,7 +198,7 @@ class Runtime(RuntimeBase):
         self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
         self.copier = DeviceCopier(config.device, config.pin_memory)
-        self.bridge = Bridge(self.copier)
+        self.bridge = Bridge(self.copier, counters.meters["transfer"])
         self.run: Run | None = None
 
     def _threads(self) -> tuple[threading.Thread, ...]:

@@ -1,17 +1,32 @@
-"""``loader.stats``: counters kept while loading, read as an immutable snapshot."""
+"""``loader.stats``: counters kept while loading, read as an immutable snapshot, with the
+per-stage figures of :mod:`aioloader.stages` and the verdict of :mod:`aioloader.bottleneck`."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["Counters", "LoaderSide", "LoaderStats"]
+from .bottleneck import WAIT_SHARE, Bottleneck, diagnose
+from .remote import is_remote
+from .stages import STAGES, StageMeter, StageStats, between
+
+if TYPE_CHECKING:
+    from .config import LoaderConfig
+
+__all__ = ["WINDOW", "Counters", "LoaderSide", "LoaderStats"]
+
+log = logging.getLogger("aioloader")
 
 #: bytes read, samples attempted, failures by reason, last failed paths, read retries,
-#: worker restarts: what a loader process counts for the trainer's counters.
-LoaderSide = tuple[int, int, dict[str, int], tuple[str, ...], int, int]
+#: worker restarts, the loading stages' figures: what a loader process counts for the
+#: trainer's counters.
+LoaderSide = tuple[int, int, dict[str, int], tuple[str, ...], int, int, dict[str, StageStats]]
+#: Batches the bottleneck and its warning look back over.
+WINDOW = 50
 
 
 @dataclass(frozen=True)
@@ -39,14 +54,34 @@ class LoaderStats:
     epoch_wait_seconds: float = 0.0
     epoch_seconds: float = 0.0
     first_batch_seconds: float | None = None
+    #: ``{"read"|"decode"|"collate"|"transfer": StageStats}`` over the loader's life.
+    stages: dict[str, StageStats] = field(default_factory=dict)
+    #: The stage limiting throughput over the last :data:`WINDOW` batches of this epoch (or
+    #: since it began); None before its second batch.
+    bottleneck: Bottleneck | None = None
+    #: The trainer's share of that time spent waiting for a batch (0..1).
+    recent_wait_share: float | None = None
 
 
 class Counters:
     """Mutable counters. Each field has one writer (the loop thread or the consumer), and a
     lock makes snapshots consistent."""
 
-    def __init__(self) -> None:
+    def __init__(self, io_concurrency: int = 1, num_workers: int = 1, remote: bool = False) -> None:
         self._lock = threading.Lock()
+        self.io_concurrency, self.num_workers, self._remote = io_concurrency, num_workers, remote
+        #: This process's stage meters (a loader process has read, decode and collate; the
+        #: trainer's the transfer, and the others' figures by :meth:`absorb`).
+        self.meters = {
+            "read": StageMeter("read", bound=io_concurrency),
+            "decode": StageMeter("decode", bound=2 * num_workers, capacity=num_workers),
+            "collate": StageMeter("collate"),
+            "transfer": StageMeter("transfer"),
+        }
+        self._absorbed: dict[str, StageStats] = {}
+        #: Per delivered batch of this epoch: (time, seconds waited, stage figures then).
+        self._recent: deque[tuple[float, float, dict[str, StageStats]]] = deque(maxlen=WINDOW + 1)
+        self._warned: set[tuple[int, str]] = set()
         self.samples = 0
         self.batches = 0
         self.attempted = 0  # samples whose read started, for a fractional max_failures
@@ -66,6 +101,11 @@ class Counters:
         #: Bumped by :meth:`restore`: a loader process must take the restored failures over.
         self.restores = 0
 
+    @classmethod
+    def for_loader(cls, config: LoaderConfig, first_path: str) -> Counters:
+        """The counters of a loader of ``config`` (stage bounds from its settings)."""
+        return cls(config.io_concurrency, config.num_workers, is_remote(first_path))
+
     def begin_epoch(self, epoch: int) -> None:
         with self._lock:
             self.epoch = epoch
@@ -74,6 +114,7 @@ class Counters:
             self.epoch_start = time.perf_counter()
             self.epoch_end = None
             self.first_batch = None
+            self._recent.clear()
 
     def end_epoch(self) -> None:
         with self._lock:
@@ -84,15 +125,73 @@ class Counters:
             self.bytes_read += n
 
     def delivered(self, samples: int, waited: float) -> None:
+        now = time.perf_counter()
+        marks = self._stage_view(percentiles=False)
         with self._lock:
             if self.first_batch is None:
-                self.first_batch = time.perf_counter() - self.epoch_start
+                self.first_batch = now - self.epoch_start
             self.samples += samples
             self.batches += 1
             self.epoch_samples += samples
             self.epoch_batches += 1
             self.wait_seconds += waited
             self.epoch_wait += waited
+            self._recent.append((now, waited, marks))
+            check = self.epoch_batches % WINDOW == 0
+        if check:
+            self._warn_if_waiting()
+
+    def _stage_view(self, percentiles: bool = True) -> dict[str, StageStats]:
+        """Every stage's figures: this process's meters, or what a loader process sent."""
+        view = {name: self.meters[name].snapshot(percentiles) for name in STAGES}
+        with self._lock:
+            view.update(self._absorbed)
+        return view
+
+    def _window(self) -> tuple[float, dict[str, StageStats]] | None:
+        """The trainer's wait share and the stages over the recent batches (see
+        :data:`WINDOW`; the first batch of an epoch opens the window), or None before the
+        second batch."""
+        with self._lock:
+            if len(self._recent) < 2:
+                return None
+            (t0, _, before), (t1, _, _) = self._recent[0], self._recent[-1]
+            waited = sum(w for _, w, _ in list(self._recent)[1:])
+        now = self._stage_view()
+        stages = {name: between(before[name], now[name]) for name in STAGES}
+        return (waited / (t1 - t0) if t1 > t0 else 0.0), stages
+
+    def bottleneck(self) -> tuple[Bottleneck, float] | None:
+        window = self._window()
+        if window is None:
+            return None
+        share, stages = window
+        verdict = diagnose(
+            stages,
+            share,
+            num_workers=self.num_workers,
+            io_concurrency=self.io_concurrency,
+            remote=self._remote,
+        )
+        return verdict, share
+
+    def _warn_if_waiting(self) -> None:
+        """A WARNING when the trainer waited more than :data:`WAIT_SHARE` of the last
+        :data:`WINDOW` batches' time, at most once per epoch and stage."""
+        found = self.bottleneck()
+        if found is None or found[1] <= WAIT_SHARE:
+            return
+        verdict, share = found
+        key = (self.epoch, verdict.stage)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        log.warning(
+            "the trainer waited for data %.0f%% of the time over the last %d batches; bottleneck: %s",
+            share * 100,
+            WINDOW,
+            verdict,
+        )
 
     def failed(self, reason: str, path: str) -> None:
         with self._lock:
@@ -137,7 +236,7 @@ class Counters:
         """What the loading side counts (bytes, attempts, failures, retries, restarts), for
         :meth:`absorb` in the trainer's process (``loader_process=True``)."""
         with self._lock:
-            return (
+            counts = (
                 self.bytes_read,
                 self.attempted,
                 dict(self.failures),
@@ -145,17 +244,22 @@ class Counters:
                 self.read_retries,
                 self.worker_restarts,
             )
+        stages = {name: self.meters[name].snapshot() for name in ("read", "decode", "collate")}
+        return (*counts, stages)
 
     def absorb(self, counts: LoaderSide) -> None:
         """Take over what a loader process counted (:meth:`loader_side`)."""
-        bytes_read, attempted, failures, paths, retries, restarts = counts
+        bytes_read, attempted, failures, paths, retries, restarts, stages = counts
         with self._lock:
+            self._absorbed = stages
             self.bytes_read, self.attempted = bytes_read, attempted
             self.failures = Counter(failures)
             self.failed_paths = deque(paths, maxlen=8)
             self.read_retries, self.worker_restarts = retries, restarts
 
     def snapshot(self) -> LoaderStats:
+        stages = self._stage_view()
+        found = self.bottleneck()
         with self._lock:
             end = self.epoch_end if self.epoch_end is not None else time.perf_counter()
             return LoaderStats(
@@ -175,4 +279,7 @@ class Counters:
                 epoch_wait_seconds=self.epoch_wait,
                 epoch_seconds=end - self.epoch_start,
                 first_batch_seconds=self.first_batch,
+                stages=stages,
+                bottleneck=found[0] if found is not None else None,
+                recent_wait_share=found[1] if found is not None else None,
             )

@@ -3,7 +3,9 @@ objects in 10 class prefixes, the prefixes listed concurrently (what ``from_fold
 against one after another (``remote.list_folder(..., concurrent=False)``), each listing
 paginated (1,000 keys a page). moto runs on 127.0.0.1 with the objects put through its own
 backend (``tests/servers.py --moto-filled``); a loopback proxy in front of it adds L ms to
-every request, as a real endpoint's round trip would. Asserts nothing about time.
+every request, as a real endpoint's round trip would. The servers' CPU seconds per listing
+(moto's and the proxy's) show when moto itself is the limit: it scans the whole bucket for
+every page it answers. Asserts nothing about time.
 
     python benchmarks/listing.py [--objects 100000] [--classes 10] [--latency 0,20] [--rounds 3]
 """
@@ -16,6 +18,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from remote import proc_cpu  # benchmarks/remote.py, beside this script
 
 from aioloader import FileDataset
 from aioloader.remote import list_folder
@@ -42,22 +46,30 @@ def main() -> int:
     try:
         opts = {"endpoint_url": proxy.url, "key": "bench", "secret": "bench"}
         root = f"s3://{BUCKET}/train/"
-        print(f"\n{'latency':>8} {'concurrent s':>13} {'one by one s':>13} {'ratio':>6} {'objects':>8}")
+        print(
+            f"\n{'latency':>8} {'concurrent s':>13} {'one by one s':>13} {'ratio':>6} "
+            f"{'server CPU s (conc, seq)':>25} {'objects':>8}"
+        )
         for latency in latencies:
             control(proxy.url, latency_ms=latency)
             times: dict[bool, list[float]] = {True: [], False: []}
+            cpu: dict[bool, list[float]] = {True: [], False: []}
             counts: set[int] = set()
             for _ in range(args.rounds):
                 for concurrent in (True, False):  # interleaved
-                    start = time.perf_counter()
+                    start, cpu0 = time.perf_counter(), proc_cpu(moto.pid) + proc_cpu(proxy.pid)
                     if concurrent:
                         n = len(FileDataset.from_folder(root, storage_options=opts))
                     else:
                         n = sum(len(v) for v in list_folder(root, opts, concurrent=False).values())
                     times[concurrent].append(time.perf_counter() - start)
+                    cpu[concurrent].append(proc_cpu(moto.pid) + proc_cpu(proxy.pid) - cpu0)
                     counts.add(n)
             conc, seq = statistics.median(times[True]), statistics.median(times[False])
-            print(f"{latency:>6.0f}ms {conc:>13.2f} {seq:>13.2f} {seq / conc:>5.2f}x {sorted(counts)!s:>8}")
+            used = f"{statistics.median(cpu[True]):.1f}, {statistics.median(cpu[False]):.1f}"
+            print(
+                f"{latency:>6.0f}ms {conc:>13.2f} {seq:>13.2f} {seq / conc:>5.2f}x {used:>25} {sorted(counts)!s:>8}"
+            )
     finally:
         proxy.stop()
         moto.stop()

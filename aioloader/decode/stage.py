@@ -26,6 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..errors import DecodeError, LoaderTimeoutError, SampleError
+from ..stages import StageMeter
 from .pool import DecodePool, describe_deaths
 from .protocol import Chunk, Failed, RowResult, Source
 from .slabs import Slab
@@ -57,8 +58,12 @@ class DecodeStage:
         hot: bool,
         local: Executor,
         on_restart: Callable[[int], None],
+        meter: StageMeter | None = None,
     ) -> None:
         self._decode = decode
+        # Timed from a worker slot's grant to the result: the chunk's wait in the worker's
+        # queue (at most one chunk) and its decode; not the wait for a slot.
+        self._meter = meter if meter is not None else StageMeter("decode")
         self._pool = pool
         self._seed = seed
         self._timeout = sample_timeout
@@ -93,12 +98,15 @@ class DecodeStage:
         while results is None and chunk.items:
             slots = self._open_slots()
             async with slots.slot((k, chunk.items[0][0])):
+                entered = self._meter.enter()
                 fut, generation = self._pool.submit(chunk)
                 try:
                     results = await self._watch(fut, slab, chunk)
                     break
                 except BrokenProcessPool:
                     pass
+                finally:
+                    self._meter.leave(entered, per=len(chunk.items))
             paths = [self._path_of(i) for _, i, _ in chunk.items]
             broke = await self._pool.recover(generation, paths)
             self._on_restart(self._pool.restarts)

@@ -1,0 +1,89 @@
+"""``Loader(progress=...)``: a tqdm bar per epoch on stderr with samples/s, MB/s and the
+trainer's wait share; drawn on a terminal (a real pseudo-terminal here), silent on a pipe
+or file unless ``progress="always"``."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import struct
+import sys
+import termios
+
+import pytest
+from frontends import Driver
+from helpers import decode_number
+
+from aioloader import Loader
+
+
+def test_always_draws_a_bar_per_epoch_with_rates(
+    numbered: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Loader(numbered, batch_size=2, decode=decode_number, num_workers=1, progress="always") as loader:
+        for _ in range(2):
+            assert len(list(loader)) == 19
+    err = capsys.readouterr().err
+    assert "epoch 0" in err and "epoch 1" in err
+    assert "19/19" in err
+    for figure in ("samples/s", "MB/s", "waited"):
+        assert figure in err, err
+
+
+def test_true_is_silent_when_stderr_is_not_a_terminal(
+    numbered: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, progress=True) as loader:
+        list(loader)
+    assert capsys.readouterr().err == ""
+
+
+def test_true_draws_on_a_terminal(numbered: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """stderr on a pseudo-terminal: the bar is drawn there."""
+    main, side = os.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 x 100
+    tty = io.TextIOWrapper(io.FileIO(side, "w", closefd=True), write_through=True)
+    try:
+        assert tty.isatty()
+        monkeypatch.setattr(sys, "stderr", tty)
+        with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, progress=True) as loader:
+            list(loader)
+        shown = b""
+        os.set_blocking(main, False)
+        try:
+            while chunk := os.read(main, 65536):
+                shown += chunk
+        except BlockingIOError:
+            pass
+    finally:
+        monkeypatch.undo()
+        tty.close()
+        os.close(main)
+    assert b"epoch 0" in shown and b"10/10" in shown, shown
+
+
+def test_a_bar_left_mid_epoch_is_closed(numbered: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with Loader(numbered, batch_size=2, decode=decode_number, num_workers=1, progress="always") as loader:
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+        list(loader)  # the next epoch draws its own bar
+    err = capsys.readouterr().err
+    assert "epoch 0" in err and "epoch 1" in err and "19/19" in err
+
+
+def test_both_front_ends_draw_the_bar(
+    numbered: list[str], frontend: Driver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loader = Loader(numbered, batch_size=2, decode=decode_number, num_workers=1, progress="always")
+    with frontend.opened(loader):
+        assert len(frontend.epoch(loader)) == 19
+    assert "19/19" in capsys.readouterr().err
+
+
+def test_progress_takes_true_false_or_always() -> None:
+    with pytest.raises(ValueError, match="progress='yes' must be True, False or 'always'"):
+        Loader(["a.jpg"], progress="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="progress=1 must be True, False or 'always'"):
+        Loader(["a.jpg"], progress=1)  # type: ignore[arg-type]
