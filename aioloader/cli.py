@@ -2,8 +2,10 @@
 
 ``aioloader demo`` trains a small CNN on a generated JPEG dataset twice, once loading each
 batch in the training loop and once fed by :class:`aioloader.Loader`, and prints how long
-the trainer waited for data each way. ``aioloader doctor`` lists, and with ``--remove``
-removes, shared memory left by loaders whose process is gone (:mod:`.doctor`).
+the trainer waited for data each way. ``aioloader bench PATH_OR_URL`` runs the user's own
+files through the loader and names the bottleneck (:mod:`.bench`). ``aioloader doctor``
+lists, and with ``--remove`` removes, shared memory left by loaders whose process is gone
+(:mod:`.doctor`).
 
 This module stays light (argparse, os) and imports the demo, and with it torch, only when
 the command runs: decode workers re-import the main script, and the fork server preloads
@@ -156,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     doctor.add_argument("--remove", action="store_true", help="remove the leftovers listed")
+    from .bench import add_parser as add_bench  # argparse only: torch is imported when it runs
+
+    add_bench(sub)
     return parser
 
 
@@ -183,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "doctor":
         return _doctor(args.remove)
+    if args.command == "bench":
+        from .bench import main as bench
+
+        return bench(args)
     if args.classes > args.images:
         args.error(f"--classes {args.classes} is more than --images {args.images}")
     from .demo import DemoOptions, run_demo  # torch: imported only when the demo runs

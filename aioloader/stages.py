@@ -19,6 +19,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .trace import Tracer
 
 __all__ = ["KEPT", "STAGES", "StageMeter", "StageStats", "between", "utilization"]
 
@@ -99,6 +103,8 @@ class StageMeter:
         #: as a loader process snapshots its stages with every batch it sends.
         self._pct: tuple[float | None, float | None] = (None, None)
         self._pct_at = -PERCENTILE_EVERY
+        #: Set by ``aioloader bench --trace``: told of every item that leaves.
+        self.tracer: Tracer | None = None
 
     def _advance(self, now: float) -> None:
         dt = now - self._last
@@ -126,6 +132,8 @@ class StageMeter:
             self._n -= n
             self._items += max(n, per)
             self._latencies.append(took / max(1, per))
+        if self.tracer is not None:
+            self.tracer.add(self.name, entered, took, max(n, per))
 
     def snapshot(self, percentiles: bool = True) -> StageStats:
         """The figures so far; without ``percentiles`` (no sort), for a per-batch mark."""

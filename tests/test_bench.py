@@ -1,0 +1,130 @@
+"""``aioloader bench``: the command run as a user runs it (a subprocess, JSON on stdout and
+the progress bar on stderr), the report, a user's own decode function, the comparison with
+DataLoader, and the Chrome trace; the pure track layout of the trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import script_env
+
+from aioloader.cli import main
+from aioloader.trace import chrome_trace, lanes
+
+STAGE_NAMES = {"read", "decode", "collate", "transfer", "trainer"}
+
+
+def test_lanes_put_overlapping_events_on_separate_tracks() -> None:
+    spans = [(0.0, 1.0), (0.5, 1.0), (1.0, 0.5), (1.2, 0.1), (3.0, 1.0)]
+    tracks = lanes(spans)
+    assert tracks == [0, 1, 0, 2, 0]  # at 1.2 both earlier tracks are busy until 1.5
+    for i, (s1, d1) in enumerate(spans):  # no two events of one track overlap
+        for j, (s2, d2) in enumerate(spans):
+            if i < j and tracks[i] == tracks[j]:
+                assert s1 + d1 <= s2 or s2 + d2 <= s1
+
+
+def test_a_chrome_trace_names_a_track_per_lane_and_times_in_microseconds() -> None:
+    events = [("read", 10.0, 0.002, 1), ("read", 10.001, 0.002, 1), ("decode", 10.003, 0.01, 16)]
+    trace = chrome_trace(events)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"read 0", "read 1", "decode 0"}
+    assert [(e["name"], e["ts"], e["dur"]) for e in spans] == [
+        ("read", 0.0, 2000.0),
+        ("read", 1000.0, 2000.0),
+        ("decode", 3000.0, 10000.0),
+    ]
+    assert len({e["tid"] for e in spans}) == 3 and trace["displayTimeUnit"] == "ms"
+
+
+def test_bench_json_on_stdout_progress_on_stderr_and_a_trace(image_folder: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aioloader",
+            "bench",
+            str(image_folder),
+            "--seconds",
+            "2",
+            "--workers",
+            "1",
+            "--batch-size",
+            "8",
+            "--json",
+            "--trace",
+            str(trace),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=script_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # stdout is one JSON object and nothing else
+    assert result["samples_per_s"] > 0 and result["mb_per_s"] > 0 and result["min_step_ms"] > 0
+    assert result["min_step_ms"] == pytest.approx(8 / result["samples_per_s"] * 1e3, rel=0.01)
+    assert result["bottleneck"]["stage"] in STAGE_NAMES and result["bottleneck"]["advice"]
+    assert set(result["stages"]) == {"read", "decode", "collate", "transfer"}
+    assert result["stages"]["decode"]["items"] > 0
+    assert "aioloader" in proc.stderr  # the progress bar
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["ph"] == "X"} == {"read", "decode", "collate", "transfer"}
+
+
+def test_bench_report_with_a_users_decode_and_torch_compared(
+    numbered: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flat folder of files and ``--decode module:function`` from the current directory."""
+    (tmp_path / "mydecode.py").write_text(
+        "import numpy as np\n\ndef number(data):\n    return np.array([int(data.rsplit(b'-', 1)[1])])\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    folder = str(Path(numbered[0]).parent)
+    code = main(
+        [
+            "bench",
+            folder,
+            "--decode",
+            "mydecode:number",
+            "--seconds",
+            "1",
+            "--workers",
+            "1",
+            "--batch-size",
+            "4",
+            "--compare",
+            "torch",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"aioloader bench {folder}: 37 files" in out
+    assert "samples/s" in out and "bottleneck: " in out and "train step of" in out
+    assert "torch.utils.data.DataLoader(num_workers=1):" in out and "aioloader " in out
+    for stage in ("read", "decode", "collate", "transfer"):
+        assert f"\n  {stage} " in out
+
+
+def test_bench_names_a_file_that_does_not_decode(
+    numbered: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = str(Path(numbered[0]).parent)  # text files, not images
+    assert main(["bench", folder, "--decode", "image:32", "--seconds", "1", "--workers", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "aioloader bench: loading failed: " in err and "f000" in err
+
+
+def test_bench_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", str(tmp_path / "nowhere")]) == 2
+    assert "is not a folder or a URL prefix" in capsys.readouterr().err
+    assert main(["bench", str(tmp_path), "--decode", "nosuchmodule:fn"]) == 2
+    assert "No module named 'nosuchmodule'" in capsys.readouterr().err
+    assert main(["bench", str(tmp_path), "--decode", "image:big"]) == 2
+    assert "the size after 'image:' must be an integer" in capsys.readouterr().err
