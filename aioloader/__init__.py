@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .bottleneck import Bottleneck
 from .dataset import IMAGE_EXTENSIONS, FileDataset
 from .decode.image import ImageDecoder
 from .decode.worker import sample_rng
@@ -25,6 +26,7 @@ from .errors import (
     SampleError,
     WorkerCrashedError,
 )
+from .stages import StageStats
 from .stats import LoaderStats
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "Bottleneck",
     "DecodeError",
     "FileDataset",
     "ImageDecoder",
@@ -45,6 +48,7 @@ __all__ = [
     "LoaderTimeoutError",
     "ReadError",
     "SampleError",
+    "StageStats",
     "WorkerCrashedError",
     "__version__",
     "default_collate",

@@ -28,6 +28,7 @@ from .config import usable_cpus
 from .dataset import FileDataset
 from .decode.image import ImageDecoder
 from .loader import Loader
+from .progressbar import terminal_bar
 from .synthetic import make_image_folder
 
 __all__ = ["DemoOptions", "EpochResult", "make_model", "run_demo"]
@@ -113,7 +114,7 @@ def sequential_epoch(
     losses: list[torch.Tensor] = []
     samples, load = 0, 0.0
     start = time.perf_counter()
-    for indices in batches:
+    for indices in terminal_bar(batches, True, desc=f"sequential, epoch {epoch}", unit="batch", leave=False):
         t0 = time.perf_counter()
         arrays, labels = [], []
         for i in indices.tolist():
@@ -153,7 +154,9 @@ def prepare_data(opts: DemoOptions, say: Callable[[str], None]) -> Path:
     if not (folder / ".complete").is_file():
         say(f"generating {opts.images} JPEGs of {w}x{h} in {folder} (once) ...")
     t0 = time.perf_counter()
-    make_image_folder(folder, num_images=opts.images, num_classes=opts.classes, size=(w, h), seed=opts.seed)
+    make_image_folder(
+        folder, num_images=opts.images, num_classes=opts.classes, size=(w, h), seed=opts.seed, progress=True
+    )
     if time.perf_counter() - t0 > 1.0:
         say(f"  done in {time.perf_counter() - t0:.1f} s")
     return folder
@@ -214,6 +217,7 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = print) -> int:
         seed=opts.seed,
         num_workers=workers,
         device=device if device.type == "cuda" else None,
+        progress=True,  # a bar per epoch when stderr is a terminal
     )
     with loader:
         aio = [loader_epoch(loader, step, opts, e) for e in range(opts.epochs)]

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import Any, Literal, TypeVar, cast
 
 from .stats import Counters
 
-__all__ = ["EpochBar", "ProgressMode", "make_bar"]
+__all__ = ["EpochBar", "ProgressMode", "make_bar", "terminal_bar"]
 
 ProgressMode = bool | Literal["always"]
+T = TypeVar("T")
 #: Seconds between updates of the figures after the bar (tqdm redraws as often).
 REFRESH = 0.5
 
@@ -76,6 +78,13 @@ def _quiet_tqdm() -> Any:
         monitor_interval = 0
 
     return Bar
+
+
+def terminal_bar(items: Iterable[T], mode: ProgressMode, **kw: Any) -> Iterable[T]:
+    """``items``, with a bar on stderr as ``mode`` says (see :func:`make_bar`)."""
+    if mode is False or (mode is True and not _is_terminal(sys.stderr)):
+        return items
+    return cast("Iterable[T]", _quiet_tqdm()(items, file=sys.stderr, mininterval=REFRESH, **kw))
 
 
 def make_bar(mode: ProgressMode, epoch: int, total: int, counters: Counters) -> EpochBar | None:

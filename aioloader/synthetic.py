@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .progressbar import terminal_bar
+
 __all__ = ["make_image", "make_image_folder"]
 
 
@@ -36,8 +38,10 @@ def make_image_folder(
     size: tuple[int, int] = (500, 375),
     quality: int = 90,
     seed: int = 0,
+    progress: bool = False,
 ) -> Path:
-    """Write ``num_images`` JPEGs of ``size`` (width, height) into ``root/class_XX/`` folders.
+    """Write ``num_images`` JPEGs of ``size`` (width, height) into ``root/class_XX/`` folders;
+    with ``progress``, a bar on stderr when it is a terminal.
 
     Idempotent: a folder that already holds a complete set (marked by ``.complete``) is
     reused, so demos and benchmarks generate their data once.
@@ -48,7 +52,7 @@ def make_image_folder(
     if marker.is_file() and marker.read_text() == stamp:
         return top
     rng = np.random.default_rng(seed)
-    for i in range(num_images):
+    for i in terminal_bar(range(num_images), progress, desc="generating JPEGs", unit="img"):
         folder = top / f"class_{i % num_classes:02d}"
         folder.mkdir(parents=True, exist_ok=True)
         make_image(rng, *size).save(folder / f"img_{i:06d}.jpg", quality=quality)

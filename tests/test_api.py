@@ -26,6 +26,7 @@ from aioloader import (
 
 EXPECTED_ALL = {
     "IMAGE_EXTENSIONS",
+    "Bottleneck",
     "DecodeError",
     "FileDataset",
     "ImageDecoder",
@@ -36,6 +37,7 @@ EXPECTED_ALL = {
     "LoaderTimeoutError",
     "ReadError",
     "SampleError",
+    "StageStats",
     "WorkerCrashedError",
     "__version__",
     "default_collate",

@@ -4,18 +4,22 @@ or file unless ``progress="always"``."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
 import struct
 import sys
 import termios
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from frontends import Driver
 from helpers import decode_number
 
 from aioloader import Loader
+from aioloader.synthetic import make_image_folder
 
 
 def test_always_draws_a_bar_per_epoch_with_rates(
@@ -39,28 +43,46 @@ def test_true_is_silent_when_stderr_is_not_a_terminal(
     assert capsys.readouterr().err == ""
 
 
-def test_true_draws_on_a_terminal(numbered: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """stderr on a pseudo-terminal: the bar is drawn there."""
+@contextlib.contextmanager
+def stderr_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bytes]]:
+    """``sys.stderr`` on a pseudo-terminal of 24 x 100; yields a list that holds, on exit,
+    everything written there."""
     main, side = os.openpty()
-    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 x 100
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     tty = io.TextIOWrapper(io.FileIO(side, "w", closefd=True), write_through=True)
+    shown: list[bytes] = []
     try:
         assert tty.isatty()
         monkeypatch.setattr(sys, "stderr", tty)
-        with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, progress=True) as loader:
-            list(loader)
-        shown = b""
-        os.set_blocking(main, False)
-        try:
-            while chunk := os.read(main, 65536):
-                shown += chunk
-        except BlockingIOError:
-            pass
+        yield shown
     finally:
         monkeypatch.undo()
         tty.close()
+        os.set_blocking(main, False)
+        try:
+            while chunk := os.read(main, 65536):
+                shown.append(chunk)
+        except (BlockingIOError, OSError):
+            pass
         os.close(main)
-    assert b"epoch 0" in shown and b"10/10" in shown, shown
+
+
+def test_true_draws_on_a_terminal(numbered: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    loader = Loader(numbered, batch_size=4, decode=decode_number, num_workers=1, progress=True)
+    with stderr_on_a_terminal(monkeypatch) as shown, loader:
+        list(loader)
+    text = b"".join(shown)
+    assert b"epoch 0" in text and b"10/10" in text, text
+
+
+def test_generating_a_dataset_shows_its_progress_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``aioloader demo`` shows while it makes its JPEGs."""
+    with stderr_on_a_terminal(monkeypatch) as shown:
+        make_image_folder(tmp_path / "a", num_images=12, num_classes=2, size=(32, 24), progress=True)
+    assert b"generating JPEGs" in b"".join(shown) and b"12/12" in b"".join(shown)
+    make_image_folder(tmp_path / "b", num_images=12, num_classes=2, size=(32, 24), progress=True)  # no tty
 
 
 def test_a_bar_left_mid_epoch_is_closed(numbered: list[str], capsys: pytest.CaptureFixture[str]) -> None:
