@@ -23,6 +23,7 @@ them. Neither retries on its own: the reader's retries are the ones counted in `
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from collections.abc import Mapping
 from datetime import timedelta
@@ -116,9 +117,12 @@ FSSPEC_PACKAGES = {
 class FsspecBackend:
     """One fsspec asynchronous filesystem, made on the running loop; its connection pool
     holds ``io_concurrency`` connections (botocore's default of 10 and aiohttp's of 100
-    would cap ``io_concurrency`` silently)."""
+    would cap ``io_concurrency`` silently). Unless ``own_retries`` (listing), s3fs and
+    botocore try once: the reader's retries are the counted ones."""
 
-    def __init__(self, protocol: str, options: dict[str, Any], io_concurrency: int) -> None:
+    def __init__(
+        self, protocol: str, options: dict[str, Any], io_concurrency: int, own_retries: bool = False
+    ) -> None:
         try:
             import fsspec
         except ImportError as exc:
@@ -128,6 +132,10 @@ class FsspecBackend:
         if protocol in ("s3", "s3a"):
             config = dict(opts.pop("config_kwargs", None) or {})
             config.setdefault("max_pool_connections", io_concurrency)
+            if not own_retries:
+                # One try each in botocore and in s3fs: the reader retries, with backoff, and
+                # counts every retry in stats.read_retries (DESIGN.md, "Remote storage").
+                config.setdefault("retries", {"total_max_attempts": 1})
             opts["config_kwargs"] = config
         elif protocol in ("http", "https"):
             try:
@@ -155,10 +163,17 @@ class FsspecBackend:
             ) from exc
         except ValueError as exc:  # fsspec: "Protocol not known"
             raise LoaderError(f"no fsspec filesystem reads {protocol}:// URLs: {exc}") from None
+        if protocol in ("s3", "s3a") and not own_retries and hasattr(self.fs, "retries"):
+            self.fs.retries = 1  # s3fs's own loop (a class attribute, not an option)
+        # s3fs asks for an object's size (a HEAD) before reading it whole, to split big
+        # objects over several requests: one request per sample is what a sample needs.
+        cat = getattr(self.fs, "_cat_file", None)
+        params = inspect.signature(cat).parameters if cat is not None else {}
+        self._whole: dict[str, Any] = {"max_concurrency": 1} if "max_concurrency" in params else {}
 
     async def cat(self, url: str, start: int | None, end: int | None) -> Any:
         if start is None:
-            return await self.fs._cat_file(url)
+            return await self.fs._cat_file(url, **self._whole)
         return await self.fs._cat_file(url, start=start, end=end)
 
     async def list_one(self, url: str, bucket: str) -> None:

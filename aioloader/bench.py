@@ -111,9 +111,10 @@ def _dataset(source: str, options: dict[str, Any] | None) -> Any:
         return FileDataset(files)
 
 
-def _measure(loader: Any, seconds: float, batch_size: int, label: str) -> tuple[int, float, float | None]:
+def _measure(loader: Any, seconds: float, count: Any, label: str) -> tuple[int, float, float | None]:
     """Iterate ``loader`` epoch after epoch for ``seconds``, a progress bar on stderr:
-    (samples after the first batch, seconds after it, seconds to the first batch)."""
+    (samples after the first batch, seconds after it, seconds to the first batch);
+    ``count(batch)`` says how many samples a batch holds."""
     from .progressbar import _quiet_tqdm
 
     bar = _quiet_tqdm()(total=round(seconds), desc=label, unit="s", file=sys.stderr, leave=False)
@@ -127,7 +128,7 @@ def _measure(loader: Any, seconds: float, batch_size: int, label: str) -> tuple[
                 if first is None:
                     first = now
                 else:
-                    samples += _batch_len(batch, batch_size)
+                    samples += count(batch)
                 ahead = min(round(seconds), int(now - t0)) - bar.n
                 if ahead > 0 and first is not None:
                     bar.set_postfix_str(f"{samples / max(now - first, 1e-9):.0f} samples/s", refresh=False)
@@ -140,15 +141,18 @@ def _measure(loader: Any, seconds: float, batch_size: int, label: str) -> tuple[
     return samples, (end - first) if first is not None else 0.0, (first - t0) if first is not None else None
 
 
-def _batch_len(batch: Any, default: int) -> int:
-    head = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return len(head) if hasattr(head, "__len__") else default
+def _batch_len(batch: Any) -> int:
+    """Samples in a DataLoader batch: the length of its first leaf."""
+    while isinstance(batch, (tuple, list, dict)):
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    return len(batch)
 
 
 def run_bench(args: argparse.Namespace) -> BenchResult:
     """Run the benchmark ``args`` describe (see :func:`add_parser`)."""
     from .bottleneck import diagnose
     from .loader import Loader
+    from .remote import is_remote
     from .trace import Tracer
 
     options = json.loads(args.storage_options) if args.storage_options else None
@@ -167,15 +171,29 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         if tracer is not None:
             for meter in loader._counters.meters.values():
                 meter.tracer = tracer
-        bytes0 = loader.stats.bytes_read
-        samples, seconds, first = _measure(loader, args.seconds, args.batch_size, "aioloader")
+        marks: list[tuple[int, int]] = []  # (samples, bytes) at the first batch, then the last
+
+        def count(batch: Any) -> int:  # samples since the previous batch, from the counters
+            now = loader.stats
+            if not marks:
+                marks.append((now.samples, now.bytes_read))
+            done = now.samples - marks[-1][0]
+            marks.append((now.samples, now.bytes_read))
+            return done
+
+        samples, seconds, first = _measure(loader, args.seconds, count, "aioloader")
         stats = loader.stats
         config = loader.config
+    bytes_after_first = marks[-1][1] - marks[0][1] if marks else 0
     rate = samples / seconds if seconds > 0 else 0.0
     verdict = stats.bottleneck
     if verdict is None:  # fewer than two batches in the last epoch: judge the whole run
         verdict = diagnose(
-            stats.stages, 1.0, num_workers=config.num_workers, io_concurrency=config.io_concurrency
+            stats.stages,
+            1.0,
+            num_workers=config.num_workers,
+            io_concurrency=config.io_concurrency,
+            remote=is_remote(dataset.path(0)),
         )
     result = BenchResult(
         source=args.source,
@@ -183,7 +201,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         seconds=round(seconds, 3),
         samples=samples,
         samples_per_s=round(rate, 1),
-        mb_per_s=round(rate * (stats.bytes_read - bytes0) / max(1, stats.samples) / 1e6, 2),
+        mb_per_s=round(bytes_after_first / seconds / 1e6, 2) if seconds > 0 else 0.0,
         first_batch_s=None if first is None else round(first, 3),
         min_step_ms=round(args.batch_size / rate * 1e3, 2) if rate > 0 else float("inf"),
         bottleneck={"stage": verdict.stage, "advice": verdict.advice},
@@ -227,13 +245,13 @@ class _TorchFiles:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> Any:
-        from .remote import is_remote
+        from .remote import is_remote, options_for, scheme
 
         path = self.paths[i]
         if is_remote(path):
             import fsspec
 
-            with fsspec.open(path, "rb", **(self.options or {})) as f:
+            with fsspec.open(path, "rb", **options_for(self.options, scheme(path) or "")) as f:
                 data = f.read()
         else:
             with open(path, "rb") as f:
@@ -254,7 +272,7 @@ def _compare_torch(
         num_workers=workers,
         persistent_workers=True,
     )
-    samples, seconds, first = _measure(peer, args.seconds, args.batch_size, "DataLoader")
+    samples, seconds, first = _measure(peer, args.seconds, _batch_len, "DataLoader")
     del peer  # its persistent workers end with it
     gc.collect()
     rate = samples / seconds if seconds > 0 else 0.0

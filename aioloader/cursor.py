@@ -76,12 +76,12 @@ class Cursor:
             for k in earlier:
                 self.progress.mark(k, 0)
             self.progress.mark(last, item.size)
+            if self.bar is not None:
+                self.bar.update(len(earlier) + 1)  # plan batches done, skipped ones included
             if item.size == 0:
                 return _EMPTY
             value = self.runtime.copier.receive(item)
             self.counters.delivered(item.size, waited)
-            if self.bar is not None:
-                self.bar.update()
             return value
         self.done = True
         self._finalizer()

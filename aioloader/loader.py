@@ -9,6 +9,7 @@ pipeline logic of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import pickle
@@ -325,7 +326,8 @@ class Loader:
         self._progress = Progress(self._epoch, len(plan), point)
         self._counters.begin_epoch(self._epoch)
         run = runtime.start_run(plan, point)
-        bar = make_bar(self._config.progress, self._epoch, len(plan), self._counters)
+        done = 0 if point is None else point.start + len(point.done)
+        bar = make_bar(self._config.progress, self._epoch, len(plan), self._counters, done)
         return Cursor(runtime, run, self._progress, self._counters, lambda: self._state is State.CLOSED, bar)
 
     # -- resumption -------------------------------------------------------------------------
@@ -391,4 +393,6 @@ def _start_runtime(
                 "loader_process=True: no zygote can be made in this process (not POSIX, an "
                 "unsupported Python, or loader threads already running); loading in-process"
             )
+            # obstore's runtime would outlive close() here (aioloader/backends.py)
+            config = dataclasses.replace(config, storage_backend="fsspec")
     return Runtime(config, dataset, counters)

@@ -92,6 +92,7 @@ def build(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Pip
             _fd_soft_limit(),
         )
         config = dataclasses.replace(config, io_concurrency=io)
+        counters.set_io_concurrency(io)
     pool = slabs = None
     if config.decode is not None:
         pool = DecodePool(config.decode, config.num_workers, config.max_worker_restarts)

@@ -28,12 +28,13 @@ REFRESH = 0.5
 class EpochBar:
     """One epoch's bar; :meth:`close` is idempotent and safe from a finalizer."""
 
-    def __init__(self, epoch: int, total: int, counters: Counters, file: Any = None) -> None:
+    def __init__(self, epoch: int, total: int, counters: Counters, done: int = 0, file: Any = None) -> None:
         self._counters = counters
         self._bar = _quiet_tqdm()(
             total=total,
             desc=f"epoch {epoch}",
             unit="batch",
+            initial=done,  # a resumed epoch starts where it left off
             file=file if file is not None else sys.stderr,
             mininterval=REFRESH,
             dynamic_ncols=True,
@@ -44,9 +45,9 @@ class EpochBar:
         self._next = self._t0 + REFRESH
         self._closed = False
 
-    def update(self) -> None:
-        """One more batch delivered (the counters already know it)."""
-        self._bar.update(1)
+    def update(self, batches: int = 1) -> None:
+        """``batches`` more of the plan done (the counters already know what was delivered)."""
+        self._bar.update(batches)
         now = time.perf_counter()
         if now >= self._next:
             self._next = now + REFRESH
@@ -82,16 +83,21 @@ def _quiet_tqdm() -> Any:
 
 def terminal_bar(items: Iterable[T], mode: ProgressMode, **kw: Any) -> Iterable[T]:
     """``items``, with a bar on stderr as ``mode`` says (see :func:`make_bar`)."""
-    if mode is False or (mode is True and not _is_terminal(sys.stderr)):
+    if not _drawn(mode):
         return items
     return cast("Iterable[T]", _quiet_tqdm()(items, file=sys.stderr, mininterval=REFRESH, **kw))
 
 
-def make_bar(mode: ProgressMode, epoch: int, total: int, counters: Counters) -> EpochBar | None:
-    """The bar for this epoch, or None: ``mode`` off, or ``True`` with stderr not a terminal."""
-    if mode is False or (mode is True and not _is_terminal(sys.stderr)):
-        return None
-    return EpochBar(epoch, total, counters)
+def make_bar(
+    mode: ProgressMode, epoch: int, total: int, counters: Counters, done: int = 0
+) -> EpochBar | None:
+    """The bar for this epoch (``done`` of its ``total`` batches already received, on a
+    resume), or None: ``mode`` off, or ``True`` with stderr not a terminal."""
+    return EpochBar(epoch, total, counters, done) if _drawn(mode) else None
+
+
+def _drawn(mode: ProgressMode) -> bool:
+    return mode == "always" or (mode is True and _is_terminal(sys.stderr))
 
 
 def _is_terminal(stream: Any) -> bool:

@@ -327,11 +327,12 @@ class FileReader:
                 self._groups = asyncio.Semaphore(GROUP_THREADS)
             async with self._groups, self._sem:
                 loop = asyncio.get_running_loop()
-                entered = self.meter.enter(len(paths))
+                entered = self.meter.enter()  # one I/O slot, its files read one after another
+                got: list[Source | OSError] = []
                 try:
                     got = await loop.run_in_executor(self._pool, _read_group, one, paths, self.pace)
                 finally:
-                    self.meter.leave(entered, len(paths), per=len(paths))
+                    self.meter.leave(entered, per=len(got))
             for (index, path), res in zip(items, got, strict=False):
                 if isinstance(res, OSError) and res.errno in TRANSIENT:
                     failed = res

@@ -59,6 +59,17 @@ _BAD_CREDENTIALS = (
 )
 #: obstore puts the HTTP status in its message, not in an attribute.
 _STATUS_TEXT = re.compile(r"status code: (\d{3})")
+#: obstore's (reqwest's) words for a connection that failed after it was made: try again.
+_TRANSPORT_WORDS = (
+    "body error",
+    "IncompleteBody",
+    "Interrupted",
+    "ConnectionReset",
+    "connection reset",
+    "TimedOut",
+    "timed out",
+    "error sending request",
+)
 _THROTTLE_WORDS = ("SlowDown", "Throttl", "ServiceUnavailable", "RequestTimeout", "InternalError")
 
 
@@ -139,18 +150,20 @@ class RemoteStore:
         self._ok: set[str] = set()  # protocols with a successful read: their endpoint is up
         self._checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # (protocol, bucket)
 
-    def backend(self, protocol: str) -> Backend:
-        """The client for ``protocol`` (made on first use, on the running loop)."""
-        got = self._backends.get(protocol)
+    def backend(self, protocol: str, query: bool = False) -> Backend:
+        """The client for ``protocol`` (made on first use, on the running loop); for a URL
+        with a query string (a presigned URL) always fsspec's, which sends it as it is."""
+        key = f"{protocol}?" if query else protocol
+        got = self._backends.get(key)
         if got is not None:
             return got
         opts = options_for(self._options, protocol)
         made: Backend
-        if choose(protocol, opts, self._preference) == "obstore":
+        if not query and choose(protocol, opts, self._preference) == "obstore":
             made = ObstoreBackend(protocol, opts, self._io)
         else:
             made = FsspecBackend(protocol, opts, self._io)
-        self._backends[protocol] = made
+        self._backends[key] = made
         return made
 
     def backend_name(self, protocol: str) -> str:
@@ -162,7 +175,7 @@ class RemoteStore:
         ``bytes`` or another buffer of bytes. Raises :class:`RemoteReadError` for this
         sample, or :class:`LoaderError` when no read can succeed (see the module docstring)."""
         protocol = scheme(url) or "file"
-        client = self.backend(protocol)
+        client = self.backend(protocol, query="?" in url)
         if protocol in ("s3", "s3a"):
             await self._check_bucket(client, protocol, url)
         try:
@@ -210,9 +223,10 @@ class RemoteStore:
         status = getattr(exc, "status", None)
         if status is None and (found := _STATUS_TEXT.search(text)) is not None:
             status = int(found.group(1))
-        if isinstance(exc, FileNotFoundError) or status == 404:
+        name = type(exc).__name__
+        if isinstance(exc, FileNotFoundError) or status == 404 or name == "NotFoundError":
             return RemoteReadError(errno.ENOENT, "not found (404)")
-        if isinstance(exc, PermissionError) or status == 403:
+        if isinstance(exc, PermissionError) or status == 403 or name == "PermissionDeniedError":
             return RemoteReadError(errno.EACCES, "access denied (403)")
         if isinstance(status, int) and status in _THROTTLED:
             return RemoteReadError(errno.EAGAIN, f"the server answered {status}")
@@ -222,7 +236,12 @@ class RemoteStore:
             return LoaderError(
                 f"cannot reach the {protocol}:// endpoint reading {shown}: {type(exc).__name__}"
             )
-        if isinstance(exc, (asyncio.TimeoutError, ConnectionError, OSError)) or _is_client_error(exc):
+        transport = any(word in text for word in _TRANSPORT_WORDS)
+        if (
+            isinstance(exc, (asyncio.TimeoutError, ConnectionError, OSError))
+            or _is_client_error(exc)
+            or transport
+        ):
             return RemoteReadError(errno.EAGAIN, f"connection failed: {type(exc).__name__}")
         return RemoteReadError(errno.EIO, f"read failed: {type(exc).__name__}")
 
@@ -259,8 +278,8 @@ def _unreachable(exc: BaseException) -> bool:
     return (
         bool(names & {"ClientConnectorError", "EndpointConnectionError", "ConnectTimeoutError"})
         or isinstance(exc, ConnectionRefusedError)
-        # obstore (reqwest): no connection could be made, so no request was sent
-        or ("error sending request" in str(exc) and "status code" not in str(exc))
+        # obstore (reqwest): no connection could be made (refused, no such host)
+        or any(word in str(exc) for word in ("tcp connect error", "ConnectionRefused", "dns error"))
     )
 
 
@@ -287,7 +306,8 @@ def list_folder(
     errors: list[BaseException] = []
 
     async def main() -> None:
-        client = FsspecBackend(protocol, options_for(storage_options, protocol), 64)
+        # Listing has no retry loop of its own: the client's retries stay on.
+        client = FsspecBackend(protocol, options_for(storage_options, protocol), 64, own_retries=True)
         try:
             fs = client.fs
             if hasattr(fs, "set_session"):

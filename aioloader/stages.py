@@ -15,6 +15,7 @@ immutable snapshot; :func:`utilization` says how close a stage runs to its capac
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -38,7 +39,8 @@ PERCENTILE_EVERY = 0.25
 class StageStats:
     """One stage over the loader's life (times in seconds, latencies in milliseconds).
 
-    ``items`` counts samples for reads and decodes, batches for collate and transfer; the
+    ``items`` counts samples for reads (each try of a retried read) and decodes, batches
+    for collate and transfer; the
     latencies are per read, per decoded sample (its chunk's time in a worker over its
     samples, the wait behind the worker's previous chunk included), per batch.
 
@@ -177,5 +179,5 @@ def _percentile(ordered: list[float], q: float) -> float | None:
     """The ``q`` quantile of ``ordered`` seconds, in milliseconds (nearest rank)."""
     if not ordered:
         return None
-    i = min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))
+    i = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
     return ordered[i] * 1e3

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .bottleneck import WAIT_SHARE, Bottleneck, diagnose
@@ -119,6 +119,17 @@ class Counters:
     def end_epoch(self) -> None:
         with self._lock:
             self.epoch_end = time.perf_counter()
+            # An epoch whose last batches the window never judged (or one under WINDOW
+            # batches) is judged at its end.
+            unjudged = self.epoch_batches % WINDOW != 0 and len(self._recent) > 2
+        if unjudged:
+            self._warn_if_waiting()
+
+    def set_io_concurrency(self, io: int) -> None:
+        """Reads in flight as the pipeline runs them (the open-file limit may lower them)."""
+        self.io_concurrency = io
+        read = self.meters["read"]
+        read.bound = read.capacity = io
 
     def add_bytes(self, n: int) -> None:
         with self._lock:
@@ -155,10 +166,18 @@ class Counters:
         with self._lock:
             if len(self._recent) < 2:
                 return None
-            (t0, _, before), (t1, _, _) = self._recent[0], self._recent[-1]
+            (t0, _, before), (t1, _, after) = self._recent[0], self._recent[-1]
             waited = sum(w for _, w, _ in list(self._recent)[1:])
+        # The stages over the same span as the waits (first to last batch of the window, not
+        # up to now: stats read after an epoch or an evaluation would dilute them), with
+        # the percentiles of now.
         now = self._stage_view()
-        stages = {name: between(before[name], now[name]) for name in STAGES}
+        stages = {
+            name: replace(
+                between(before[name], after[name]), p50_ms=now[name].p50_ms, p99_ms=now[name].p99_ms
+            )
+            for name in STAGES
+        }
         return (waited / (t1 - t0) if t1 > t0 else 0.0), stages
 
     def bottleneck(self) -> tuple[Bottleneck, float] | None:

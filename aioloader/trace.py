@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["Tracer", "chrome_trace", "lanes"]
 
 #: Track ids: each stage's tracks start at its base.
-_BASES = {"read": 1000, "decode": 2000, "collate": 3000, "transfer": 4000}
+_BASES = {"read": 1_000_000, "decode": 2_000_000, "collate": 3_000_000, "transfer": 4_000_000}
 
 
 class Tracer:

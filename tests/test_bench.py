@@ -69,7 +69,11 @@ def test_bench_json_on_stdout_progress_on_stderr_and_a_trace(image_folder: Path,
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # stdout is one JSON object and nothing else
     assert result["samples_per_s"] > 0 and result["mb_per_s"] > 0 and result["min_step_ms"] > 0
+    assert result["samples_per_s"] == pytest.approx(result["samples"] / result["seconds"], rel=0.01)
     assert result["min_step_ms"] == pytest.approx(8 / result["samples_per_s"] * 1e3, rel=0.01)
+    files = [p for p in image_folder.rglob("*.jpg")]
+    mean_bytes = sum(p.stat().st_size for p in files) / len(files)  # every file read about as often
+    assert result["mb_per_s"] == pytest.approx(result["samples_per_s"] * mean_bytes / 1e6, rel=0.35)
     assert result["bottleneck"]["stage"] in STAGE_NAMES and result["bottleneck"]["advice"]
     assert set(result["stages"]) == {"read", "decode", "collate", "transfer"}
     assert result["stages"]["decode"]["items"] > 0

@@ -98,8 +98,8 @@ def test_stages_report_items_bounds_and_latencies(numbered: list[str], process: 
 def test_a_waiting_trainer_gets_one_warning_per_epoch_and_stage(
     numbered: list[str], process: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    paths = numbered * 3  # 111 samples: 56 batches of 2, so the window of 50 fills once
-    assert len(paths) // 2 >= WINDOW
+    paths = numbered * 6  # 222 samples: 111 batches of 2, judged at 50, 100 and the end
+    assert len(paths) // 2 >= 2 * WINDOW
     with (
         caplog.at_level(logging.WARNING, logger="aioloader"),
         Loader(paths, batch_size=2, decode=SlowDecode(0.01), num_workers=1, loader_process=process) as loader,

@@ -358,3 +358,75 @@ def test_sample_timeout_bounds_a_remote_read(
     with loader, pytest.raises(LoaderTimeoutError, match=r"sample_timeout=0.5s") as info:
         list(loader)
     assert info.value.path in urls
+
+
+#: What obstore (reqwest) raised on this machine, shortened: a body cut off mid-way, and a
+#: connection refused (tests/servers.py's file server, 127.0.0.1:9).
+OBSTORE_CUT = (
+    "Generic HTTP error: HTTP error: request or response body error\n\nDebug source:\nGeneric {\n"
+    "    source: HttpError {\n        kind: Interrupted,\n        source: hyper::Error(Body, Custom { "
+    "kind: UnexpectedEof, error: IncompleteBody })"
+)
+OBSTORE_REFUSED = (
+    "Generic HTTP error: Error performing GET http://127.0.0.1:9/0.bin in 311µs - HTTP error: error "
+    'sending request\n ConnectError("tcp connect error", 127.0.0.1:9, Os { code: 111, kind: '
+    'ConnectionRefused, message: "Connection refused" })'
+)
+OBSTORE_503 = (
+    "Generic HTTP error: Error performing GET http://127.0.0.1:1/1.bin in 518µs - Server returned "
+    "non-2xx status code: 503 Service Unavailable: try again"
+)
+OBSTORE_BAD_KEY = (
+    "The operation lacked the necessary privileges to complete for path a.bin: Server returned "
+    "non-2xx status code: 403 Forbidden: <Error><Code>InvalidAccessKeyId</Code></Error>"
+)
+
+
+def test_obstore_errors_are_classified_like_fsspecs() -> None:
+    """Each failure of obstore's becomes what the same failure of fsspec's becomes: a cut
+    body and a 503 are tried again, a refused connection before any success stops the
+    loader (after one, it is tried again), refused credentials stop it, 404 is per sample."""
+    import errno
+
+    exceptions = pytest.importorskip("obstore.exceptions")
+    from aioloader.remote import RemoteReadError, RemoteStore
+
+    store = RemoteStore(None, 8)
+    url = "http://127.0.0.1:1/1.bin"
+
+    def classify(exc: BaseException) -> BaseException:
+        return store._classify(exc, url, "http")
+
+    cut = classify(exceptions.GenericError(OBSTORE_CUT))
+    assert isinstance(cut, RemoteReadError) and cut.errno == errno.EAGAIN
+    assert isinstance(classify(exceptions.GenericError(OBSTORE_503)), RemoteReadError)
+    assert classify(exceptions.GenericError(OBSTORE_503)).errno == errno.EAGAIN  # type: ignore[attr-defined]
+    refused = classify(exceptions.GenericError(OBSTORE_REFUSED))
+    assert isinstance(refused, LoaderError) and "cannot reach the http:// endpoint" in str(refused)
+    store._ok.add("http")  # a read of this endpoint succeeded: now a refusal is worth a retry
+    later = classify(exceptions.GenericError(OBSTORE_REFUSED))
+    assert isinstance(later, RemoteReadError) and later.errno == errno.EAGAIN
+    denied = classify(exceptions.PermissionDeniedError(OBSTORE_BAD_KEY))
+    assert isinstance(denied, LoaderError) and "(InvalidAccessKeyId)" in str(denied)
+    for missing in (  # obstore raises the builtin for a 404; its own class, by name
+        classify(FileNotFoundError("Object at location 1.bin not found")),
+        classify(exceptions.NotFoundError("Object at location 1.bin not found")),
+    ):
+        assert isinstance(missing, RemoteReadError) and missing.errno == errno.ENOENT
+
+
+def test_a_presigned_url_keeps_its_query(http_files: str, numbered: list[str]) -> None:
+    """A URL with a query string (a presigned URL) is sent as it is, also where obstore
+    reads the others (it would take the query for part of the object's name)."""
+    pytest.importorskip("obstore")
+    urls = [f"{http_files}/{os.path.basename(p)}?X-Amz-Signature=abc&n={i}" for i, p in enumerate(numbered)]
+    with Loader(
+        urls,
+        batch_size=8,
+        decode=decode_number,
+        shuffle=False,
+        num_workers=1,
+        loader_process=True,
+        storage_backend="obstore",
+    ) as loader:
+        assert [v for b in values(list(loader)) for v in b] == list(range(len(numbered)))

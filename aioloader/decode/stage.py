@@ -98,8 +98,8 @@ class DecodeStage:
         while results is None and chunk.items:
             slots = self._open_slots()
             async with slots.slot((k, chunk.items[0][0])):
-                entered = self._meter.enter()
                 fut, generation = self._pool.submit(chunk)
+                entered = self._meter.enter()
                 try:
                     results = await self._watch(fut, slab, chunk)
                     break
@@ -169,7 +169,11 @@ class DecodeStage:
                 return None
             loop = asyncio.get_running_loop()
             m = slab.mmap if slab is not None else None
-            return await loop.run_in_executor(self._local, decode_chunk, m, chunk, self._decode)
+            entered = self._meter.enter()
+            try:
+                return await loop.run_in_executor(self._local, decode_chunk, m, chunk, self._decode)
+            finally:
+                self._meter.leave(entered, per=len(chunk.items))
 
     async def _watch(self, fut: Future[list[RowResult]], slab: Slab | None, chunk: Chunk) -> list[RowResult]:
         """Await a decode task; with ``sample_timeout``, kill the worker of a row that has
