@@ -27,6 +27,8 @@ log = logging.getLogger("aioloader")
 LoaderSide = tuple[int, int, dict[str, int], tuple[str, ...], int, int, dict[str, StageStats]]
 #: Batches the bottleneck and its warning look back over.
 WINDOW = 50
+#: Fewest batches the warning judges (an epoch's last ones, after its last full window).
+MIN_JUDGED = 20
 
 
 @dataclass(frozen=True)
@@ -119,9 +121,9 @@ class Counters:
     def end_epoch(self) -> None:
         with self._lock:
             self.epoch_end = time.perf_counter()
-            # An epoch whose last batches the window never judged (or one under WINDOW
-            # batches) is judged at its end.
-            unjudged = self.epoch_batches % WINDOW != 0 and len(self._recent) > 2
+            # The batches after the last judged window are judged at the epoch's end, when
+            # there are enough of them to say more than how long the pipeline took to fill.
+            unjudged = self.epoch_batches % WINDOW >= MIN_JUDGED
         if unjudged:
             self._warn_if_waiting()
 

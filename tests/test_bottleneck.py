@@ -98,7 +98,7 @@ def test_stages_report_items_bounds_and_latencies(numbered: list[str], process: 
 def test_a_waiting_trainer_gets_one_warning_per_epoch_and_stage(
     numbered: list[str], process: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    paths = numbered * 6  # 222 samples: 111 batches of 2, judged at 50, 100 and the end
+    paths = numbered * 6  # 222 samples: 111 batches of 2, judged at 50 and 100
     assert len(paths) // 2 >= 2 * WINDOW
     with (
         caplog.at_level(logging.WARNING, logger="aioloader"),

@@ -4,6 +4,7 @@ test_bottleneck.py."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -11,6 +12,7 @@ import pytest
 
 from aioloader.bottleneck import WAIT_SHARE, Bottleneck, diagnose
 from aioloader.stages import StageMeter, StageStats, between, utilization
+from aioloader.stats import Counters
 
 
 def stage(name: str, mean: float, capacity: int = 1, busy: float = 0.5, p50: float = 2.0) -> StageStats:
@@ -121,3 +123,20 @@ def test_slow_storage_with_free_read_slots_says_so_and_remote_advice_names_the_o
     remote = diagnose(full, 0.5, num_workers=4, io_concurrency=64, remote=True)
     assert "storage_options" in remote.advice
     assert isinstance(remote, Bottleneck)
+
+
+@pytest.mark.parametrize(("batches", "warnings"), [(10, 0), (30, 1)])
+def test_an_epoch_shorter_than_the_window_is_judged_at_its_end_when_long_enough(
+    batches: int, warnings: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer that waited 3 of every 4 ms: an epoch of 30 batches ends with one warning;
+    one of 10 says nothing (its window would mostly be the pipeline filling up)."""
+    counters = Counters(io_concurrency=8, num_workers=2)
+    counters.begin_epoch(0)
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        for _ in range(batches):
+            time.sleep(0.004)
+            counters.delivered(4, waited=0.003)
+        counters.end_epoch()
+    said = [r.getMessage() for r in caplog.records if "the trainer waited for data" in r.getMessage()]
+    assert len(said) == warnings, said
