@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shlex
 import statistics
 import sys
@@ -21,8 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import uvloop
-
-from aioloader.synthetic import make_image_folder
+from userfns import add_folder_args, image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers import control, start_file_server
@@ -70,15 +68,11 @@ async def with_obstore(url: str, names: list[str], n: int) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    env = os.environ.get("AIOLOADER_CACHE")
-    cache = (Path(env).expanduser() if env else Path.home() / ".cache" / "aioloader") / "bench"
-    p.add_argument("--data-dir", type=Path, default=cache, help="(%(default)s)")
-    p.add_argument("--images", type=int, default=2000)
+    add_folder_args(p)
     p.add_argument("--cases", default="20:256,50:1000", help="latency_ms:in_flight pairs (%(default)s)")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    folder = args.data_dir / f"{args.images}img_10cls_500x375"
-    make_image_folder(folder, num_images=args.images, num_classes=10, size=(500, 375))
+    folder = image_folder(args)
     names = sorted(str(q.relative_to(folder)) for q in folder.rglob("*.jpg"))
     cases = [(float(a), int(b)) for a, b in (c.split(":") for c in args.cases.split(","))]
     clients = {"fsspec (aiohttp)": with_fsspec, "obstore": with_obstore}

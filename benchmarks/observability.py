@@ -20,15 +20,13 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from userfns import batch_len, random_crop
+from userfns import add_folder_args, batch_len, image_folder, random_crop
 
 from aioloader import FileDataset, Loader
 from aioloader.stages import StageMeter
 from aioloader.stats import Counters
-from aioloader.synthetic import make_image_folder
 
 
 @contextlib.contextmanager
@@ -72,15 +70,11 @@ def call_cost() -> tuple[float, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    env = os.environ.get("AIOLOADER_CACHE")
-    cache = (Path(env).expanduser() if env else Path.home() / ".cache" / "aioloader") / "bench"
-    p.add_argument("--data-dir", type=Path, default=cache, help="(%(default)s)")
-    p.add_argument("--images", type=int, default=2000)
+    add_folder_args(p)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args()
-    folder = args.data_dir / f"{args.images}img_10cls_500x375"
-    make_image_folder(folder, num_images=args.images, num_classes=10, size=(500, 375))
+    folder = image_folder(args)
     files = FileDataset.from_folder(folder)
     off: list[float] = []
     on: list[float] = []
@@ -95,12 +89,18 @@ def main() -> int:
     chunks = args.images / 16  # chunk_size(64, 2) = 16: one decode and one read hop each
     per_epoch = (args.images + chunks + 2 * batches) * pair + batches * delivered
     seconds = args.images / statistics.median(on)
-    print(f"Command: `{shlex.join(['python', *sys.argv])}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(
+        f"Command: `{shlex.join(['python', *sys.argv])}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     print()
     print("| loader | samples/s (median) | runs |")
     print("|---|---:|---|")
-    print(f"| meters, bottleneck and bar off | {statistics.median(off):.0f} | {', '.join(f'{x:.0f}' for x in off)} |")
-    print(f"| all on, progress bar drawn | {statistics.median(on):.0f} | {', '.join(f'{x:.0f}' for x in on)} |")
+    print(
+        f"| meters, bottleneck and bar off | {statistics.median(off):.0f} | {', '.join(f'{x:.0f}' for x in off)} |"
+    )
+    print(
+        f"| all on, progress bar drawn | {statistics.median(on):.0f} | {', '.join(f'{x:.0f}' for x in on)} |"
+    )
     print()
     print(f"on / off: {statistics.median(on) / statistics.median(off):.3f}")
     print(

@@ -34,12 +34,11 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from userfns import FsspecRead, PeerDataset, batch_len, random_crop, read_file
+from userfns import FsspecRead, PeerDataset, add_folder_args, batch_len, image_folder, random_crop, read_file
 
 from aioloader import FileDataset, Loader
 from aioloader.backends import StorageBackend
 from aioloader.config import usable_cpus
-from aioloader.synthetic import make_image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers import Server, control, s3_client, start_file_server, start_moto, start_proxy
@@ -134,10 +133,7 @@ def serve(store: str, folder: Path, paths: list[str]) -> tuple[list[Server], str
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    env = os.environ.get("AIOLOADER_CACHE")
-    cache = (Path(env).expanduser() if env else Path.home() / ".cache" / "aioloader") / "bench"
-    p.add_argument("--data-dir", type=Path, default=cache, help="(%(default)s)")
-    p.add_argument("--images", type=int, default=2000)
+    add_folder_args(p)
     p.add_argument("--store", default="http,s3", help="servers: http, s3 (%(default)s)")
     p.add_argument("--latency", default="0,20,50", help="ms added to every request (%(default)s)")
     p.add_argument("--rounds", type=int, default=3)
@@ -159,8 +155,7 @@ def main() -> int:
     )
     args = p.parse_args()
 
-    folder = args.data_dir / f"{args.images}img_10cls_500x375"
-    make_image_folder(folder, num_images=args.images, num_classes=10, size=(500, 375))
+    folder = image_folder(args)
     local = FileDataset.from_folder(folder)
     cores = usable_cpus()
     rate = decode_rate(list(local.paths))

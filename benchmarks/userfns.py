@@ -11,6 +11,7 @@ DataLoader peer passes a per-worker NumPy generator.
 
 from __future__ import annotations
 
+import argparse
 import io
 import math
 import os
@@ -221,3 +222,19 @@ def tree_cpu() -> float:
 def trivial_decode(data: bytes) -> np.ndarray:
     """Next to no work: the file's first 16 bytes as a uint8 array."""
     return np.frombuffer(data, dtype=np.uint8, count=16).copy()
+
+
+def add_folder_args(p: argparse.ArgumentParser) -> None:
+    """``--data-dir`` and ``--images``: where the benchmark's JPEG folder is cached, and its size."""
+    env = os.environ.get("AIOLOADER_CACHE")
+    cache = (Path(env).expanduser() if env else Path.home() / ".cache" / "aioloader") / "bench"
+    p.add_argument("--data-dir", type=Path, default=cache, help="(%(default)s)")
+    p.add_argument("--images", type=int, default=2000)
+
+
+def image_folder(args: argparse.Namespace) -> Path:
+    """The folder of ``args.images`` JPEGs of 500x375 in 10 classes (made once, then reused)."""
+    from aioloader.synthetic import make_image_folder
+
+    folder = Path(args.data_dir) / f"{args.images}img_10cls_500x375"
+    return make_image_folder(folder, num_images=args.images, num_classes=10, size=(500, 375))
