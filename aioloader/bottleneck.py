@@ -81,7 +81,7 @@ def _advice(stage: StageStats, wait_share: float, workers: int, io: int, remote:
         return (
             f"{stage.mean_in_flight:.1f} decode chunks in flight for {workers} workers{_latency(stage)} "
             f"per sample; {waited} — raise num_workers if CPUs are free, or make decode cheaper "
-            "(ImageDecoder, a smaller output, work moved to the GPU)"
+            "(a smaller output, fewer augmentations, or work moved to the GPU)"
         )
     if stage.name == "collate":
         return (
