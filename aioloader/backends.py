@@ -270,6 +270,9 @@ class ObstoreBackend:
         self._kwargs = kwargs
         self._io = io_concurrency
         self._stores: dict[str, Any] = {}
+        import obstore  # installed: choose() said so; imported once, not on every read
+
+        self._ob: Any = obstore
 
     def _store(self, url: str) -> tuple[Any, str]:
         """The store for ``url`` and the object's path in it."""
@@ -300,19 +303,15 @@ class ObstoreBackend:
         return store, path
 
     async def cat(self, url: str, start: int | None, end: int | None) -> Any:
-        import obstore
-
         store, path = self._store(url)
         if start is None:
-            got = await obstore.get_async(store, path)
+            got = await self._ob.get_async(store, path)
             return await got.bytes_async()
-        return await obstore.get_range_async(store, path, start=start, end=end)
+        return await self._ob.get_range_async(store, path, start=start, end=end)
 
     async def list_one(self, url: str, bucket: str) -> None:
-        import obstore
-
         store, _ = self._store(url)
-        stream = obstore.list(store, chunk_size=1)
+        stream = self._ob.list(store, chunk_size=1)
         try:
             await stream.__anext__()
         except StopAsyncIteration:  # an empty bucket: allowed

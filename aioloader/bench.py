@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,7 +43,6 @@ class BenchResult:
     settings: dict[str, Any]
     compare: dict[str, Any] | None = None
     trace: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def add_parser(sub: Any) -> None:

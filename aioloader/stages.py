@@ -40,9 +40,9 @@ class StageStats:
     """One stage over the loader's life (times in seconds, latencies in milliseconds).
 
     ``items`` counts samples for reads (each try of a retried read) and decodes, batches
-    for collate and transfer; the
-    latencies are per read, per decoded sample (its chunk's time in a worker over its
-    samples, the wait behind the worker's previous chunk included), per batch.
+    for collate and transfer; the latencies are per read, per decoded sample (its chunk's
+    time in a worker over its samples, the wait behind the worker's previous chunk
+    included), per batch.
 
     ``capacity`` is how many items the stage can work on at once (I/O slots for reads,
     worker processes for decode, one thread for collate and for transfer); ``bound`` is

@@ -161,10 +161,12 @@ class Counters:
             view.update(self._absorbed)
         return view
 
-    def _window(self) -> tuple[float, dict[str, StageStats]] | None:
+    def _window(
+        self, view: dict[str, StageStats] | None = None
+    ) -> tuple[float, dict[str, StageStats]] | None:
         """The trainer's wait share and the stages over the recent batches (see
         :data:`WINDOW`; the first batch of an epoch opens the window), or None before the
-        second batch."""
+        second batch. ``view``: the stages now, when the caller has them already."""
         with self._lock:
             if len(self._recent) < 2:
                 return None
@@ -173,7 +175,7 @@ class Counters:
         # The stages over the same span as the waits (first to last batch of the window, not
         # up to now: stats read after an epoch or an evaluation would dilute them), with
         # the percentiles of now.
-        now = self._stage_view()
+        now = view if view is not None else self._stage_view()
         stages = {
             name: replace(
                 between(before[name], after[name]), p50_ms=now[name].p50_ms, p99_ms=now[name].p99_ms
@@ -182,8 +184,9 @@ class Counters:
         }
         return (waited / (t1 - t0) if t1 > t0 else 0.0), stages
 
-    def bottleneck(self) -> tuple[Bottleneck, float] | None:
-        window = self._window()
+    def bottleneck(self, view: dict[str, StageStats] | None = None) -> tuple[Bottleneck, float] | None:
+        """The verdict over the recent batches and the trainer's wait share in them."""
+        window = self._window(view)
         if window is None:
             return None
         share, stages = window
@@ -280,7 +283,7 @@ class Counters:
 
     def snapshot(self) -> LoaderStats:
         stages = self._stage_view()
-        found = self.bottleneck()
+        found = self.bottleneck(stages)
         with self._lock:
             end = self.epoch_end if self.epoch_end is not None else time.perf_counter()
             return LoaderStats(

@@ -36,7 +36,7 @@ def meters_off() -> Iterator[None]:
     StageMeter.enter = lambda self, n=1: 0.0  # type: ignore[method-assign,assignment,misc]
     StageMeter.leave = lambda self, entered, n=1, per=1: None  # type: ignore[method-assign,assignment,misc]
     Counters._stage_view = lambda self, percentiles=True: {}  # type: ignore[method-assign,assignment,misc]
-    Counters.bottleneck = lambda self: None  # type: ignore[method-assign,assignment,misc]
+    Counters.bottleneck = lambda self, view=None: None  # type: ignore[method-assign,assignment,misc]
     try:
         yield
     finally:
