@@ -21,7 +21,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from .loader import Loader
 
 __all__ = ["BenchResult", "add_parser", "format_report", "load_decode", "run_bench"]
 
@@ -43,6 +46,7 @@ class BenchResult:
     settings: dict[str, Any]
     compare: dict[str, Any] | None = None
     trace: str | None = None
+    tune: dict[str, Any] | None = None
 
 
 def add_parser(sub: Any) -> None:
@@ -59,13 +63,40 @@ def add_parser(sub: Any) -> None:
         help="'image:SIZE' (the built-in ImageDecoder) or 'module:function' (default: %(default)s)",
     )
     p.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
-    p.add_argument("--workers", type=int, default=None, help="decode processes (default: the usable CPUs)")
-    p.add_argument("--io-concurrency", type=int, default=64, help="reads in flight (default: %(default)s)")
+    p.add_argument(
+        "--workers",
+        type=_int_or_auto,
+        default=None,
+        help="decode processes, or 'auto' (default: the usable CPUs)",
+    )
+    p.add_argument(
+        "--io-concurrency", type=_int_or_auto, default="auto", help="reads in flight (default: %(default)s)"
+    )
     p.add_argument("--seconds", type=float, default=15.0, help="how long to load (default: %(default)s)")
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="then sweep io_concurrency and num_workers and print the best next to what 'auto' chose",
+    )
+    p.add_argument(
+        "--tune-seconds", type=float, default=4.0, help="per setting of --tune (default: %(default)s)"
+    )
     p.add_argument("--compare", choices=["torch"], default=None, help="also run DataLoader for as long")
     p.add_argument("--trace", metavar="FILE", default=None, help="write a Chrome trace (Perfetto) to FILE")
     p.add_argument("--storage-options", metavar="JSON", default=None, help="options for a URL, as JSON")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _int_or_auto(text: str) -> int | str:  # "auto" or a positive integer
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer or 'auto'")
+    return value
 
 
 def load_decode(spec: str) -> Any:
@@ -147,6 +178,43 @@ def _batch_len(batch: Any) -> int:
     return len(batch)
 
 
+@dataclass
+class Measured:
+    """One loader's run: samples and bytes after the first batch, over ``seconds``."""
+
+    samples: int
+    seconds: float
+    first_batch_s: float | None
+    bytes_read: int
+    stats: Any  # the LoaderStats at the end
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+def measure_loader(loader: Loader, seconds: float, label: str, tracer: Any = None) -> Measured:
+    """Open ``loader`` and iterate it for ``seconds`` with a progress bar (samples and bytes
+    counted from its stats, so any batch structure is right)."""
+    with loader:
+        if tracer is not None:
+            for meter in loader._counters.meters.values():
+                meter.tracer = tracer
+        marks: list[tuple[int, int]] = []  # (samples, bytes) at the first batch, then the last
+
+        def count(batch: Any) -> int:  # samples since the previous batch, from the counters
+            now = loader.stats
+            if not marks:
+                marks.append((now.samples, now.bytes_read))
+            done = now.samples - marks[-1][0]
+            marks.append((now.samples, now.bytes_read))
+            return done
+
+        samples, took, first = _measure(loader, seconds, count, label)
+        stats = loader.stats
+    return Measured(samples, took, first, marks[-1][1] - marks[0][1] if marks else 0, stats)
+
+
 def run_bench(args: argparse.Namespace) -> BenchResult:
     """Run the benchmark ``args`` describe (see :func:`add_parser`)."""
     from .bottleneck import diagnose
@@ -165,33 +233,18 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         io_concurrency=args.io_concurrency,
         storage_options=options,
     )
+    config = loader.config
     tracer = Tracer() if args.trace else None
-    with loader:
-        if tracer is not None:
-            for meter in loader._counters.meters.values():
-                meter.tracer = tracer
-        marks: list[tuple[int, int]] = []  # (samples, bytes) at the first batch, then the last
-
-        def count(batch: Any) -> int:  # samples since the previous batch, from the counters
-            now = loader.stats
-            if not marks:
-                marks.append((now.samples, now.bytes_read))
-            done = now.samples - marks[-1][0]
-            marks.append((now.samples, now.bytes_read))
-            return done
-
-        samples, seconds, first = _measure(loader, args.seconds, count, "aioloader")
-        stats = loader.stats
-        config = loader.config
-    bytes_after_first = marks[-1][1] - marks[0][1] if marks else 0
-    rate = samples / seconds if seconds > 0 else 0.0
+    run = measure_loader(loader, args.seconds, "aioloader", tracer)
+    samples, seconds, first, stats = run.samples, run.seconds, run.first_batch_s, run.stats
+    rate = run.rate
     verdict = stats.bottleneck
     if verdict is None:  # fewer than two batches in the last epoch: judge the whole run
         verdict = diagnose(
             stats.stages,
             1.0,
-            num_workers=config.num_workers,
-            io_concurrency=config.io_concurrency,
+            num_workers=stats.num_workers,
+            io_concurrency=stats.io_concurrency,
             remote=is_remote(dataset.path(0)),
         )
     result = BenchResult(
@@ -200,7 +253,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         seconds=round(seconds, 3),
         samples=samples,
         samples_per_s=round(rate, 1),
-        mb_per_s=round(bytes_after_first / seconds / 1e6, 2) if seconds > 0 else 0.0,
+        mb_per_s=round(run.bytes_read / seconds / 1e6, 2) if seconds > 0 else 0.0,
         first_batch_s=None if first is None else round(first, 3),
         min_step_ms=round(args.batch_size / rate * 1e3, 2) if rate > 0 else float("inf"),
         bottleneck={"stage": verdict.stage, "advice": verdict.advice},
@@ -208,8 +261,11 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         settings={
             "decode": args.decode,
             "batch_size": args.batch_size,
-            "num_workers": config.num_workers,
-            "io_concurrency": config.io_concurrency,
+            # What ran at the end (where "auto" took them), and what was asked for.
+            "num_workers": stats.num_workers,
+            "io_concurrency": stats.io_concurrency,
+            "num_workers_asked": "default" if args.workers is None else args.workers,
+            "io_concurrency_asked": args.io_concurrency,
             "seconds": args.seconds,
         },
     )
@@ -218,6 +274,21 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         result.trace = args.trace
     if args.compare == "torch":
         result.compare = _compare_torch(dataset, decode, args, config.num_workers, rate, options)
+    if args.tune:
+        from .config import usable_cpus
+        from .tune import Setting, tune
+
+        def make(io: Setting, workers: Setting) -> Loader:
+            return Loader(
+                dataset,
+                batch_size=args.batch_size,
+                decode=decode,
+                num_workers=workers,
+                io_concurrency=io,
+                storage_options=options,
+            )
+
+        result.tune = tune(make, usable_cpus(), args.tune_seconds)
     return result
 
 
@@ -309,6 +380,10 @@ def format_report(r: BenchResult) -> str:
             f"  {r.compare['loader']}: {r.compare['samples_per_s']:.0f} samples/s; "
             f"aioloader {r.compare['aioloader_ratio']}x"
         )
+    if r.tune is not None:
+        from .tune import format_tune
+
+        lines += ["", *format_tune(r.tune)]
     if r.trace:
         lines.append(f"  trace written to {r.trace}: open it in https://ui.perfetto.dev or chrome://tracing")
     return "\n".join(lines)

@@ -15,9 +15,11 @@ import torch
 
 from .backends import StorageBackend, resolve
 
-__all__ = ["LoaderConfig", "resolve_device", "resolve_rank", "usable_cpus"]
+__all__ = ["AUTO_IO_START", "LoaderConfig", "resolve_device", "resolve_rank", "usable_cpus"]
 
 OnError = Literal["raise", "skip"]
+#: Reads in flight an ``io_concurrency="auto"`` loader starts with (:mod:`.autotune` moves it).
+AUTO_IO_START = 64
 
 
 def usable_cpus() -> int:
@@ -114,6 +116,14 @@ class LoaderConfig:
     storage_backend: StorageBackend = "auto"
     #: a progress bar per epoch (:mod:`aioloader.progressbar`).
     progress: bool | Literal["always"] = False
+    #: ``io_concurrency="auto"``: ``io_concurrency`` is where the tuner starts.
+    io_auto: bool = False
+    #: ``num_workers="auto"``: ``num_workers`` processes, of which the tuner lets some decode.
+    workers_auto: bool = False
+
+    @property
+    def autotuned(self) -> bool:
+        return self.io_auto or self.workers_auto
 
     @classmethod
     def create(
@@ -167,8 +177,20 @@ class LoaderConfig:
                 raise TypeError(f"{name}={flag!r} must be True or False")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be a non-negative integer")
-        workers = usable_cpus() if num_workers is None else _positive_int("num_workers", num_workers)
-        io = _positive_int("io_concurrency", io_concurrency)
+        workers_auto = num_workers == "auto"
+        if num_workers is None or workers_auto:
+            workers = usable_cpus()
+        elif isinstance(num_workers, str):
+            raise ValueError(f"num_workers={num_workers!r} must be a positive integer, 'auto' or None")
+        else:
+            workers = _positive_int("num_workers", num_workers)
+        io_auto = io_concurrency == "auto"
+        if io_auto:
+            io = AUTO_IO_START
+        elif isinstance(io_concurrency, str):
+            raise ValueError(f"io_concurrency={io_concurrency!r} must be a positive integer or 'auto'")
+        else:
+            io = _positive_int("io_concurrency", io_concurrency)
         pre = _positive_int("prefetch", prefetch)
         if not (device is None or isinstance(device, (str, torch.device))):
             raise TypeError(f"device={device!r} must be None, a string or a torch.device")
@@ -235,4 +257,6 @@ class LoaderConfig:
             storage_options=dict(storage_options) if storage_options is not None else None,
             storage_backend=backend,
             progress=progress,
+            io_auto=io_auto,
+            workers_auto=workers_auto,
         )

@@ -32,6 +32,7 @@ from .reader import FileReader
 from .repack import Repacker
 from .sampler import EpochPlan
 from .stats import Counters
+from .tuner import Tuner, memory_budget, trainer_pids
 
 __all__ = ["Engine", "chunk_size", "declared_layout", "window_size"]
 
@@ -65,6 +66,7 @@ class Engine:
         slabs: SlabPool | None,
         collate_pool: ThreadPoolExecutor,
         counters: Counters,
+        trainer_pid: int | None = None,
     ) -> None:
         self._cfg = config
         self._ds = dataset
@@ -92,12 +94,35 @@ class Engine:
         self._layout = LayoutTracker(declared_layout(config.decode))
         self._sizes = _SizeTracker(config.batch_size)
         self._plan_slabs()
-        # Batches under construction: enough to keep every read slot busy, at least two so
-        # the next batch starts while the current one finishes.
-        self.window = window_size(config.io_concurrency, config.batch_size)
         # Samples per decode task: one round trip to a worker is amortised over a chunk, and
         # a batch still spreads over every worker (two chunks each).
         self.chunk = chunk_size(config.batch_size, config.num_workers)
+        #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
+        self.tuner = (
+            Tuner(
+                config,
+                reader,
+                self._decoder,
+                counters.meters,
+                chunk=self.chunk,
+                bytes_per_sample=self._bytes_per_sample,
+                memory_budget=memory_budget(),
+                trainer_pids=trainer_pids(trainer_pid),
+            )
+            if config.autotuned
+            else None
+        )
+
+    @property
+    def window(self) -> int:
+        """Batches under construction: enough to keep every read slot busy (the reader's
+        limit now), at least two so the next batch starts while the current one finishes."""
+        return window_size(self._reader.io_concurrency, self._cfg.batch_size)
+
+    def _bytes_per_sample(self) -> int:
+        """What a sample in flight holds: its file's share of the input arena and its
+        decoded output."""
+        return self._sizes.arena_bytes() // self._cfg.batch_size + self._layout.out_bytes_per_sample()
 
     def _plan_slabs(self) -> None:
         """What the next slabs look like: rows blocks for the learned layout, an input arena
@@ -109,6 +134,7 @@ class Engine:
     async def produce(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
         """Put the batches of ``plan.pending()`` into ``out``, then ``END`` or a
         ``Failure``. Cancelling the task cancels every read and decode it started."""
+        tuning = asyncio.ensure_future(self.tuner.run()) if self.tuner is not None else None
         try:
             await self._run(plan, out)
         except LoaderError as exc:
@@ -119,6 +145,9 @@ class Engine:
             await out.put(Failure(err))
         else:
             await out.put(END)
+        finally:
+            if tuning is not None:
+                await _cancel([tuning])
 
     async def _run(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
         """Build up to ``window`` batches at once; deliver them in sampler order, or as they

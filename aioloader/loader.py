@@ -72,7 +72,14 @@ class Loader:
             the default collate, ``ordered=True``), batches that lost samples are topped up
             with the next samples of the epoch, so every batch is full.
         num_workers: decode processes (default: the CPUs this process may use).
-        io_concurrency: file reads in flight.
+            ``"auto"`` starts that many, and lets as many decode at once as leaves the
+            CPUs the trainer's process measurably uses (its CPU time, measured every 2 s).
+        io_concurrency: file reads in flight at most, or ``"auto"`` (default): from 64,
+            the loader moves it while running, by Little's law, to the reads the decoders
+            need (read latency times the rate they can decode, twice over), between 16 and
+            1,024, within the open-file limit and an eighth of the available memory.
+            ``stats.io_concurrency`` says where it is. Neither setting changes batches,
+            their order or a resume point.
         prefetch: finished batches buffered ahead of the trainer.
         ordered: batches in sampler order (default) or samples in completion order.
         device: ``"cuda"``/``"cuda:N"`` delivers batches on that GPU; None or ``"cpu"``.
@@ -146,8 +153,8 @@ class Loader:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        num_workers: int | None = None,
-        io_concurrency: int = 64,
+        num_workers: int | Literal["auto"] | None = None,
+        io_concurrency: int | Literal["auto"] = "auto",
         prefetch: int = 2,
         ordered: bool = True,
         device: str | torch.device | None = None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -55,8 +56,10 @@ def main(
     config: LoaderConfig,
     dataset: FileDataset,
     where: tuple[Any, int] | None,
+    log_level: int = logging.WARNING,
 ) -> None:
-    """The loader process's whole life (the ``target`` the trainer starts it with)."""
+    """The loader process's whole life (the ``target`` the trainer starts it with);
+    ``log_level``: the trainer's ``aioloader`` logger's, when it started this process."""
     lifeline.follow_parent()
     # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -64,7 +67,7 @@ def main(
     if where is not None:
         zygote.adopt(where)
     send = Sender(conn)
-    _forward_logs(send)
+    _forward_logs(send, log_level)
     try:
         import uvloop
 
@@ -92,9 +95,11 @@ class Sender:
             self.conn.send_bytes(data)
 
 
-def _forward_logs(send: Sender) -> None:
-    """``aioloader`` log records go to the trainer, whose handlers emit them."""
+def _forward_logs(send: Sender, level: int) -> None:
+    """``aioloader`` log records of ``level`` and up go to the trainer, whose handlers emit
+    them."""
     log = logging.getLogger("aioloader")
+    log.setLevel(level)
     for h in list(log.handlers):
         log.removeHandler(h)
     log.propagate = False
@@ -137,7 +142,10 @@ class Host:
         loop = asyncio.get_running_loop()
         self.closed = asyncio.Event()
         try:
-            self.parts = build(self.config, self.dataset, self.counters)
+            parent = mp.parent_process()  # the trainer: the tuner leaves its CPUs alone
+            self.parts = build(
+                self.config, self.dataset, self.counters, parent.pid if parent is not None else None
+            )
         except BaseException as exc:  # noqa: BLE001 - the trainer raises it
             self.send(("ready", pack_error(exc)))
             return

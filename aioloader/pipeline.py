@@ -21,6 +21,7 @@ from .decode.slabs import SlabPool, shm_available
 from .engine import Engine, declared_layout, window_size
 from .reader import FileReader
 from .stats import Counters
+from .tuner import MAX_AUTO_IO
 
 __all__ = ["Pipeline", "build", "io_concurrency_for_fd_limit"]
 
@@ -49,12 +50,16 @@ def _fd_soft_limit() -> int:
     return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
-def slabs_pooled(config: LoaderConfig) -> int:
+def slabs_pooled(config: LoaderConfig, max_io: int | None = None) -> int:
     """Slabs kept for reuse: enough for every batch the pipeline itself holds (under
-    construction, one being queued, queued, in the bridge, in the hand-off, one whose rows
-    repacking carries over) and the two a ``for b in loader`` holds around each ``next()``:
-    the new one, and the old one until ``b`` is rebound."""
-    return window_size(config.io_concurrency, config.batch_size) + config.prefetch + 5
+    construction with ``max_io`` reads in flight, one being queued, queued, in the bridge,
+    in the hand-off, one whose rows repacking carries over) and the two a ``for b in
+    loader`` holds around each ``next()``: the new one, and the old one until ``b`` is
+    rebound. They are made when first needed. ``max_io`` defaults to the most
+    ``io_concurrency`` may reach."""
+    if max_io is None:
+        max_io = MAX_AUTO_IO if config.io_auto else config.io_concurrency
+    return window_size(max_io, config.batch_size) + config.prefetch + 5
 
 
 @dataclass
@@ -79,9 +84,17 @@ class Pipeline:
             self.slabs.close()
 
 
-def build(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Pipeline:
+def build(
+    config: LoaderConfig, dataset: FileDataset, counters: Counters, trainer_pid: int | None = None
+) -> Pipeline:
     """The parts for ``config`` (``io_concurrency`` lowered if the open-file limit needs
-    it); the decode pool's workers start lazily, on the first batch."""
+    it; with ``"auto"``, its range bounded by that limit); the decode pool's workers start
+    lazily, on the first batch. ``trainer_pid``: in a loader process, the trainer's."""
+    max_io = config.io_concurrency
+    if config.io_auto:
+        max_io = io_concurrency_for_fd_limit(MAX_AUTO_IO, config.num_workers)
+        config = dataclasses.replace(config, io_concurrency=min(config.io_concurrency, max_io))
+        counters.set_io_concurrency(config.io_concurrency)
     io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers)
     if io < config.io_concurrency:
         logger.warning(
@@ -97,7 +110,7 @@ def build(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Pip
     if config.decode is not None:
         pool = DecodePool(config.decode, config.num_workers, config.max_worker_restarts)
         if shm_available():  # else every sample crosses the pipe, pickled
-            slabs = SlabPool(config.batch_size, slabs_pooled(config), declared_layout(config.decode))
+            slabs = SlabPool(config.batch_size, slabs_pooled(config, max_io), declared_layout(config.decode))
     reader = FileReader(
         config.io_concurrency,
         config.read,
@@ -106,7 +119,8 @@ def build(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Pip
         storage_options=config.storage_options,
         storage_backend=config.storage_backend,
         meter=counters.meters["read"],
+        max_io=max_io,
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
-    engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters)
+    engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid)
     return Pipeline(config, engine, reader, pool, slabs, collate_pool)

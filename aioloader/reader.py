@@ -34,6 +34,7 @@ from aiofiles.os import wrap
 from .backends import StorageBackend
 from .decode.protocol import Source
 from .decode.slabs import Arena
+from .decode.slots import OrderedSlots
 from .errors import LoaderTimeoutError, ReadError, SampleError
 from .remote import RemoteStore, is_remote, local_path, redact
 from .stages import StageMeter
@@ -218,7 +219,8 @@ def _read_group(one: Callable[[str], Source], paths: list[str], pace: ReadPace) 
 
 
 class FileReader:
-    """Reads files with at most ``io_concurrency`` reads in flight.
+    """Reads files with at most ``io_concurrency`` reads in flight, a limit
+    :meth:`set_limit` may move up to ``max_io`` (default ``io_concurrency``) while reading.
 
     ``read`` is the blocking ``path -> bytes`` function run on the I/O threads (default
     :func:`read_file`; a custom one reads from another store, or injects faults and delays
@@ -236,12 +238,15 @@ class FileReader:
         storage_options: Mapping[str, Any] | None = None,
         storage_backend: StorageBackend = "auto",
         meter: StageMeter | None = None,
+        max_io: int | None = None,
     ) -> None:
+        #: Reads in flight at most, now (see :meth:`set_limit`).
         self.io_concurrency = io_concurrency
+        self.max_io = max(io_concurrency, max_io or io_concurrency)
         #: Reads in flight (holding one of the ``io_concurrency`` slots) and their latency.
         self.meter = meter if meter is not None else StageMeter("read", bound=io_concurrency)
         # URLs go to the remote store unless a custom ``read`` takes every path itself.
-        self.remote = RemoteStore(storage_options, io_concurrency, storage_backend) if read is None else None
+        self.remote = RemoteStore(storage_options, self.max_io, storage_backend) if read is None else None
         self.retries = retries
         self._on_retry = on_retry
         self.pace = ReadPace()
@@ -253,9 +258,24 @@ class FileReader:
         self._read_span = wrap(
             partial(_timed, self.pace, _read_span if read is None else partial(_store_span, read))
         )
-        self._pool = DaemonThreadPool(io_concurrency, thread_name_prefix="aioloader-io")
-        self._sem: asyncio.Semaphore | None = None
+        # Threads start on demand: as many as reads have been in flight at once.
+        self._pool = DaemonThreadPool(self.max_io, thread_name_prefix="aioloader-io")
+        self._sem: OrderedSlots | None = None  # first come, first served (one key)
         self._groups: asyncio.Semaphore | None = None  # group hops running at once
+
+    def set_limit(self, limit: int) -> None:
+        """At most ``limit`` (1..``max_io``) reads in flight from now on; reads over it
+        finish, and no new one starts until fewer are in flight. On the loader's loop."""
+        limit = max(1, min(self.max_io, limit))
+        self.io_concurrency = limit
+        self.meter.bound = self.meter.capacity = limit
+        if self._sem is not None:
+            self._sem.set_limit(limit)
+
+    def _slots(self) -> OrderedSlots:
+        if self._sem is None:  # created lazily so it binds to the loader's loop
+            self._sem = OrderedSlots(self.io_concurrency)
+        return self._sem
 
     async def read(self, path: str, failed: OSError | None = None) -> bytes:
         """The file's bytes; raises the ``OSError`` of the last failed try. ``failed``: a
@@ -321,11 +341,9 @@ class FileReader:
         if timeout is None and self.pace.fast and len(items) > 1 and local and whole:
             paths = [path for _, path in items]
             one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
-            if self._sem is None:
-                self._sem = asyncio.Semaphore(self.io_concurrency)
             if self._groups is None:
                 self._groups = asyncio.Semaphore(GROUP_THREADS)
-            async with self._groups, self._sem:
+            async with self._groups, self._slots().slot(()):
                 loop = asyncio.get_running_loop()
                 entered = self.meter.enter()  # one I/O slot, its files read one after another
                 got: list[Source | OSError] = []
@@ -406,8 +424,7 @@ class FileReader:
         return checked
 
     async def _retrying(self, path: str, failed: OSError | None, fn: Callable[..., Any], *args: Any) -> Any:
-        if self._sem is None:  # created lazily so it binds to the loader's loop
-            self._sem = asyncio.Semaphore(self.io_concurrency)
+        slots = self._slots()
         attempt = 0
         if failed is not None:  # the first try was part of a group read
             attempt = 1
@@ -418,7 +435,7 @@ class FileReader:
             await asyncio.sleep(backoff(attempt))
         while True:
             try:
-                async with self._sem:
+                async with slots.slot(()):
                     entered = self.meter.enter()
                     try:
                         return await fn(*args, executor=self._pool)

@@ -63,6 +63,10 @@ class LoaderStats:
     bottleneck: Bottleneck | None = None
     #: The trainer's share of that time spent waiting for a batch (0..1).
     recent_wait_share: float | None = None
+    #: Reads in flight at most, now (``io_concurrency="auto"`` moves it while loading).
+    io_concurrency: int = 0
+    #: Decode processes decoding at once, now (``num_workers="auto"`` moves it).
+    num_workers: int = 0
 
 
 class Counters:
@@ -71,7 +75,7 @@ class Counters:
 
     def __init__(self, io_concurrency: int = 1, num_workers: int = 1, remote: bool = False) -> None:
         self._lock = threading.Lock()
-        self.io_concurrency, self.num_workers, self._remote = io_concurrency, num_workers, remote
+        self._remote = remote
         #: This process's stage meters (a loader process has read, decode and collate; the
         #: trainer's the transfer, and the others' figures by :meth:`absorb`).
         self.meters = {
@@ -129,7 +133,6 @@ class Counters:
 
     def set_io_concurrency(self, io: int) -> None:
         """Reads in flight as the pipeline runs them (the open-file limit may lower them)."""
-        self.io_concurrency = io
         read = self.meters["read"]
         read.bound = read.capacity = io
 
@@ -186,6 +189,7 @@ class Counters:
 
     def bottleneck(self, view: dict[str, StageStats] | None = None) -> tuple[Bottleneck, float] | None:
         """The verdict over the recent batches and the trainer's wait share in them."""
+        view = view if view is not None else self._stage_view()
         window = self._window(view)
         if window is None:
             return None
@@ -193,8 +197,8 @@ class Counters:
         verdict = diagnose(
             stages,
             share,
-            num_workers=self.num_workers,
-            io_concurrency=self.io_concurrency,
+            num_workers=view["decode"].capacity,  # as tuned now
+            io_concurrency=view["read"].bound,
             remote=self._remote,
         )
         return verdict, share
@@ -306,4 +310,6 @@ class Counters:
                 stages=stages,
                 bottleneck=found[0] if found is not None else None,
                 recent_wait_share=found[1] if found is not None else None,
+                io_concurrency=stages["read"].bound,
+                num_workers=stages["decode"].capacity,
             )

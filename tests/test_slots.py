@@ -58,3 +58,51 @@ async def test_a_cancelled_waiter_passes_its_slot_on() -> None:
         await first
     slots.release()
     await asyncio.wait_for(slots.acquire((3,)), timeout=5)  # and no slot was lost
+
+
+async def test_a_raised_limit_wakes_waiters_at_once() -> None:
+    slots = OrderedSlots(1)
+    await slots.acquire((0,))
+    waiters = [asyncio.ensure_future(slots.acquire((k,))) for k in (1, 2, 3)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    slots.set_limit(3)  # two more slots: the two smallest keys get them
+    await asyncio.sleep(0)
+    assert [w.done() for w in waiters] == [True, True, False]
+    assert slots.held == 3
+    slots.release()
+    await asyncio.wait_for(waiters[2], timeout=5)
+
+
+async def test_a_lowered_limit_takes_effect_as_held_slots_come_back() -> None:
+    slots = OrderedSlots(4)
+    for k in range(4):
+        await slots.acquire((k,))
+    slots.set_limit(2)  # nothing is taken back from the four holders
+    assert slots.held == 4
+    late = asyncio.ensure_future(slots.acquire((9,)))
+    slots.release()
+    slots.release()  # two came back: exactly the limit is held, nobody new gets in
+    await asyncio.sleep(0)
+    assert not late.done() and slots.held == 2
+    slots.release()  # under the limit now: the waiter gets the freed slot
+    await asyncio.wait_for(late, timeout=5)
+    assert slots.held == 2
+
+
+async def test_a_limit_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="limit=0 must be at least 1"):
+        OrderedSlots(2).set_limit(0)
+
+
+async def test_a_closed_pool_opens_with_the_limit_set_meanwhile() -> None:
+    slots = OrderedSlots(2, opened=False)
+    slots.set_limit(3)
+    got = [asyncio.ensure_future(slots.acquire((k,))) for k in range(4)]
+    await asyncio.sleep(0)
+    slots.open()
+    await asyncio.sleep(0)
+    assert [g.done() for g in got] == [True, True, True, False]
+    for _ in range(3):
+        slots.release()
+    await asyncio.wait_for(got[3], timeout=5)

@@ -19,7 +19,8 @@ __all__ = ["OrderedSlots"]
 
 
 class OrderedSlots:
-    """An asyncio semaphore whose waiters are served smallest ``key`` first. Loop-bound."""
+    """An asyncio semaphore whose waiters are served smallest ``key`` first, with a limit
+    that may change while slots are held (:meth:`set_limit`). Loop-bound."""
 
     def __init__(self, limit: int, *, opened: bool = True) -> None:
         self.limit = limit
@@ -36,6 +37,25 @@ class OrderedSlots:
         for _ in range(self.limit):
             self.release()
 
+    def set_limit(self, limit: int) -> None:
+        """At most ``limit`` slots from now on. Raising it wakes waiters at once; lowering it
+        takes no slot back: the next releases are kept until fewer than ``limit`` are held."""
+        if limit < 1:
+            raise ValueError(f"limit={limit} must be at least 1")
+        delta, self.limit = limit - self.limit, limit
+        if not self._opened:
+            return  # open() hands out the new limit
+        if delta > 0:
+            for _ in range(delta):
+                self.release()
+        else:
+            self._free += delta  # may go below 0: releases pay it back first
+
+    @property
+    def held(self) -> int:
+        """Slots held now (more than ``limit`` just after it was lowered)."""
+        return self.limit - self._free if self._opened else 0
+
     async def acquire(self, key: tuple[int, ...]) -> None:
         if self._free > 0 and not self._waiters:
             self._free -= 1
@@ -50,6 +70,9 @@ class OrderedSlots:
             raise
 
     def release(self) -> None:
+        if self._free < 0:  # the limit was lowered while this slot was held
+            self._free += 1
+            return
         while self._waiters:
             _, _, fut = heapq.heappop(self._waiters)
             if not fut.done():  # a cancelled waiter's future is done: skip it

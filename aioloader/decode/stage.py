@@ -77,6 +77,22 @@ class DecodeStage:
         # has started (created lazily: it binds to the loader's loop).
         self._slots: OrderedSlots | None = None
         self._opener: asyncio.Future[None] | None = None
+        self.active = pool.num_workers  # processes decoding at once (see set_workers)
+
+    def set_workers(self, active: int) -> None:
+        """Let ``active`` of the pool's processes decode at once (``num_workers="auto"``).
+        While all of them do, each has one task running and one queued; while some rest,
+        one task each and none queued, since a queued task would start on a resting
+        process. Chunks already submitted finish. On the loader's loop."""
+        self.active = max(1, min(self._pool.num_workers, active))
+        self._meter.capacity = self.active
+        self._meter.bound = self._slot_limit()
+        if self._slots is not None:
+            self._slots.set_limit(self._slot_limit())
+
+    def _slot_limit(self) -> int:
+        n = self._pool.num_workers
+        return 2 * n if self.active >= n else self.active
 
     async def run(
         self,
@@ -146,7 +162,7 @@ class DecodeStage:
 
     def _open_slots(self) -> OrderedSlots:
         if self._slots is None:
-            slots = self._slots = OrderedSlots(2 * self._pool.num_workers, opened=False)
+            slots = self._slots = OrderedSlots(self._slot_limit(), opened=False)
             self._opener = asyncio.ensure_future(self._open_when_started(slots))
         return self._slots
 
