@@ -34,7 +34,7 @@ from .sampler import EpochPlan
 from .stats import Counters
 from .tuner import Tuner, memory_budget, trainer_pids
 
-__all__ = ["Engine", "chunk_size", "declared_layout", "window_size"]
+__all__ = ["Engine", "chunk_size", "declared_layout", "pooled_slabs", "window_size"]
 
 T = TypeVar("T")
 
@@ -108,6 +108,7 @@ class Engine:
                 bytes_per_sample=self._bytes_per_sample,
                 memory_budget=memory_budget(),
                 trainer_pids=trainer_pids(trainer_pid),
+                on_io=self._io_moved,
             )
             if config.autotuned
             else None
@@ -118,6 +119,11 @@ class Engine:
         """Batches under construction: enough to keep every read slot busy (the reader's
         limit now), at least two so the next batch starts while the current one finishes."""
         return window_size(self._reader.io_concurrency, self._cfg.batch_size)
+
+    def _io_moved(self, io: int) -> None:
+        """The read limit moved: so do the window and the slabs kept for it."""
+        if self._slabs is not None:
+            self._slabs.set_pooled(pooled_slabs(io, self._cfg.batch_size, self._cfg.prefetch))
 
     def _bytes_per_sample(self) -> int:
         """What a sample in flight holds: its file's share of the input arena and its
@@ -272,6 +278,14 @@ class Engine:
 def window_size(io_concurrency: int, batch_size: int) -> int:
     """Batches built at once: enough samples in flight to use every read slot, at least 2."""
     return max(2, math.ceil(io_concurrency / batch_size) + 1)
+
+
+def pooled_slabs(io_concurrency: int, batch_size: int, prefetch: int) -> int:
+    """Slabs kept for reuse: enough for every batch the pipeline itself holds (under
+    construction, one being queued, queued, in the bridge, in the hand-off, one whose rows
+    repacking carries over) and the two a ``for b in loader`` holds around each ``next()``:
+    the new one, and the old one until ``b`` is rebound."""
+    return window_size(io_concurrency, batch_size) + prefetch + 5
 
 
 def chunk_size(batch_size: int, num_workers: int) -> int:

@@ -18,7 +18,7 @@ from .config import LoaderConfig
 from .dataset import FileDataset
 from .decode.pool import DecodePool
 from .decode.slabs import SlabPool, shm_available
-from .engine import Engine, declared_layout, window_size
+from .engine import Engine, declared_layout, pooled_slabs
 from .reader import FileReader
 from .stats import Counters
 from .tuner import MAX_AUTO_IO
@@ -51,15 +51,12 @@ def _fd_soft_limit() -> int:
 
 
 def slabs_pooled(config: LoaderConfig, max_io: int | None = None) -> int:
-    """Slabs kept for reuse: enough for every batch the pipeline itself holds (under
-    construction with ``max_io`` reads in flight, one being queued, queued, in the bridge,
-    in the hand-off, one whose rows repacking carries over) and the two a ``for b in
-    loader`` holds around each ``next()``: the new one, and the old one until ``b`` is
-    rebound. They are made when first needed. ``max_io`` defaults to the most
-    ``io_concurrency`` may reach."""
+    """Slabs the pipeline may hold with ``max_io`` reads in flight (see
+    :func:`~.engine.pooled_slabs`); ``max_io`` defaults to the most ``io_concurrency`` may
+    reach."""
     if max_io is None:
         max_io = MAX_AUTO_IO if config.io_auto else config.io_concurrency
-    return window_size(max_io, config.batch_size) + config.prefetch + 5
+    return pooled_slabs(max_io, config.batch_size, config.prefetch)
 
 
 @dataclass
@@ -110,7 +107,9 @@ def build(
     if config.decode is not None:
         pool = DecodePool(config.decode, config.num_workers, config.max_worker_restarts)
         if shm_available():  # else every sample crosses the pipe, pickled
-            slabs = SlabPool(config.batch_size, slabs_pooled(config, max_io), declared_layout(config.decode))
+            # Sized for the reads in flight now; the tuner moves it with them.
+            pooled = pooled_slabs(config.io_concurrency, config.batch_size, config.prefetch)
+            slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode))
     reader = FileReader(
         config.io_concurrency,
         config.read,

@@ -65,7 +65,7 @@ class Tuner:
     ``bytes_per_sample()`` is what a sample in flight holds (its file and its decoded
     output); ``memory_budget`` bounds that times the reads in flight; ``trainer_pids`` are
     the processes whose CPU the decoders leave alone (the trainer's, and a loader
-    process's own)."""
+    process's own); ``on_io(limit)`` is told each new read limit."""
 
     def __init__(
         self,
@@ -78,17 +78,21 @@ class Tuner:
         bytes_per_sample: Callable[[], int],
         memory_budget: int,
         trainer_pids: Sequence[int],
+        on_io: Callable[[int], None] | None = None,
     ) -> None:
         self._reader, self._decoder = reader, decoder
         self._read, self._decode = meters["read"], meters["decode"]
         self._batch_size = config.batch_size
         self._bytes_per_sample, self._budget = bytes_per_sample, memory_budget
         self._pids = tuple(trainer_pids)
+        self._on_io = on_io
         self.io: IoTuner | None = None
         if config.io_auto:
             lo = min(reader.max_io, io_floor(config.batch_size, config.num_workers, chunk))
             self.io = IoTuner(reader.io_concurrency, lo, reader.max_io)
             reader.set_limit(self.io.limit)
+            if on_io is not None:
+                on_io(self.io.limit)
         self.workers: WorkerTuner | None = None
         if config.workers_auto and decoder is not None:
             self.workers = WorkerTuner(config.num_workers, usable_cpus())
@@ -137,6 +141,8 @@ class Tuner:
         after = self.io.update(window)
         if after != before:
             self._reader.set_limit(after)
+            if self._on_io is not None:
+                self._on_io(after)
             log.debug("io_concurrency auto: %d -> %d reads in flight", before, after)
         return True
 

@@ -13,7 +13,9 @@ import pytest
 from helpers import script_env
 
 from aioloader.cli import main
+from aioloader.config import usable_cpus
 from aioloader.trace import chrome_trace, lanes
+from aioloader.tune import IO_SWEEP, worker_sweep
 
 STAGE_NAMES = {"read", "decode", "collate", "transfer", "trainer"}
 
@@ -132,3 +134,51 @@ def test_bench_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.Captur
     assert "No module named 'nosuchmodule'" in capsys.readouterr().err
     assert main(["bench", str(tmp_path), "--decode", "image:big"]) == 2
     assert "the size after 'image:' must be an integer" in capsys.readouterr().err
+
+
+def test_bench_tune_sweeps_both_settings_and_reports_what_auto_chose(
+    numbered: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mydecode.py").write_text(
+        "import numpy as np\n\ndef number(data):\n    return np.array([int(data.rsplit(b'-', 1)[1])])\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    folder = str(Path(numbered[0]).parent)
+    argv = ["bench", folder, "--decode", "mydecode:number", "--seconds", "0.5", "--batch-size", "4"]
+    assert main([*argv, "--tune", "--tune-seconds", "0.3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    tuned = result["tune"]
+    usable = usable_cpus()
+    rows = [(t["io_concurrency"], t["num_workers"]) for t in tuned["trials"]]
+    expected = [("auto", "auto")] + [(io, usable) for io in IO_SWEEP]
+    best_io = max(IO_SWEEP, key=lambda io: tuned["trials"][rows.index((io, usable))]["samples_per_s"])
+    expected += [(best_io, w) for w in worker_sweep(usable) if w != usable]
+    assert rows == expected
+    assert all(t["samples_per_s"] > 0 for t in tuned["trials"])
+    fixed = [t for t in tuned["trials"] if t["io_concurrency"] != "auto"]
+    assert tuned["best"] == max(fixed, key=lambda t: t["samples_per_s"])
+    io, workers = tuned["auto"]["chose"]
+    assert 1 <= io <= 1024 and 1 <= workers <= usable
+    assert tuned["auto_vs_best"] == pytest.approx(
+        tuned["auto"]["samples_per_s"] / tuned["best"]["samples_per_s"], abs=0.002
+    )
+    # the main run was on "auto" too: the settings say what it asked for and where it ended
+    assert result["settings"]["io_concurrency_asked"] == "auto"
+    assert isinstance(result["settings"]["io_concurrency"], int)
+    assert main([*argv, "--tune", "--tune-seconds", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "best fixed: io_concurrency=" in out and "auto chose io_concurrency=" in out
+
+
+def test_worker_sweep() -> None:
+    assert worker_sweep(1) == [1]
+    assert worker_sweep(2) == [1, 2]
+    assert worker_sweep(12) == [1, 2, 4, 8, 11, 12]
+
+
+def test_bench_refuses_a_setting_that_is_neither_a_number_nor_auto(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", str(tmp_path), "--io-concurrency", "many"])
+    assert "'many' is not a positive integer or 'auto'" in capsys.readouterr().err

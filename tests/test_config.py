@@ -16,7 +16,7 @@ import torch
 
 import aioloader
 from aioloader import FileDataset, ImageDecoder
-from aioloader.config import LoaderConfig, resolve_device, usable_cpus
+from aioloader.config import AUTO_IO_START, LoaderConfig, resolve_device, usable_cpus
 
 DEFAULTS: dict[str, Any] = {
     "batch_size": 4,
@@ -58,6 +58,8 @@ EXACT_ERRORS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"num_workers": False}, ValueError, "num_workers=False must be a positive integer"),
     ({"io_concurrency": 0}, ValueError, "io_concurrency=0 must be a positive integer"),
     ({"io_concurrency": True}, ValueError, "io_concurrency=True must be a positive integer"),
+    ({"io_concurrency": "fast"}, ValueError, "io_concurrency='fast' must be a positive integer or 'auto'"),
+    ({"num_workers": "all"}, ValueError, "num_workers='all' must be a positive integer, 'auto' or None"),
     ({"prefetch": 0}, ValueError, "prefetch=0 must be a positive integer"),
     ({"prefetch": 1.5}, ValueError, "prefetch=1.5 must be a positive integer"),
     ({"seed": -1}, ValueError, "seed=-1 must be a non-negative integer"),
@@ -296,3 +298,14 @@ def test_invalid_arguments_start_nothing() -> None:
     with pytest.raises(ValueError):
         aioloader.Loader(["a.jpg"], prefetch=0)
     assert set(threading.enumerate()) == threads_before
+
+
+def test_auto_settings() -> None:
+    cfg = create(io_concurrency="auto", num_workers="auto")
+    assert cfg.io_auto and cfg.workers_auto and cfg.autotuned
+    assert cfg.io_concurrency == AUTO_IO_START  # where the tuner starts
+    assert cfg.num_workers == usable_cpus()  # processes started; the tuner picks how many decode
+    fixed = create(io_concurrency=8, num_workers=2)
+    assert not (fixed.io_auto or fixed.workers_auto or fixed.autotuned)
+    loader = aioloader.Loader(["a.jpg"])
+    assert loader.config.io_auto and not loader.config.workers_auto  # io "auto" is the default

@@ -254,10 +254,20 @@ class SlabPool:
         with self._lock:
             if slab.name not in self._all or slab in self._free:
                 return
-            if slab.pooled and not slab.tainted and not self._closed:
+            keep = self._pooled_count <= self.pooled  # the bound may have come down meanwhile
+            if slab.pooled and not slab.tainted and not self._closed and keep:
                 self._free.append(slab)
             else:
                 self._forget(slab)
+
+    def set_pooled(self, pooled: int) -> None:
+        """Keep ``pooled`` slabs for reuse from now on (the pipeline holds more batches or
+        fewer: ``io_concurrency="auto"`` moved); free slabs over it are unlinked now, held
+        ones when they come back."""
+        with self._lock:
+            self.pooled = pooled
+            while self._pooled_count > pooled and self._free:
+                self._forget(self._free.pop())
 
     def live_slabs(self) -> list[Slab]:
         """Every segment that exists now."""
