@@ -81,22 +81,28 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--tune-seconds", type=float, default=4.0, help="per setting of --tune (default: %(default)s)"
     )
+    p.add_argument(
+        "--tune-rounds",
+        type=int,
+        default=1,
+        help="sweeps with --tune, each setting's median kept (default: %(default)s)",
+    )
     p.add_argument("--compare", choices=["torch"], default=None, help="also run DataLoader for as long")
     p.add_argument("--trace", metavar="FILE", default=None, help="write a Chrome trace (Perfetto) to FILE")
     p.add_argument("--storage-options", metavar="JSON", default=None, help="options for a URL, as JSON")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def _int_or_auto(text: str) -> int | str:  # "auto" or a positive integer
+def _int_or_auto(text: str) -> int | str:
+    """``"auto"`` or a positive integer (an argparse type)."""
+    from .cli import _positive_int  # cli imports this module lazily: no cycle at import
+
     if text == "auto":
         return text
     try:
-        value = int(text)
-    except ValueError:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer or 'auto'")
-    return value
 
 
 def load_decode(spec: str) -> Any:
@@ -288,7 +294,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
                 storage_options=options,
             )
 
-        result.tune = tune(make, usable_cpus(), args.tune_seconds)
+        result.tune = tune(make, usable_cpus(), args.tune_seconds, rounds=args.tune_rounds)
     return result
 
 

@@ -36,7 +36,8 @@ from aioloader.tune import Setting, tune
 
 
 def dataloader_rate(files: FileDataset, latency_ms: float, seconds: float, workers: int) -> float:
-    """DataLoader's samples/s over ``seconds`` after its first batch."""
+    """DataLoader's samples/s over ``seconds`` after its first batch (longer where it
+    delivered no batch after its first in that time)."""
     read = TimedRead(latency_ms)
     peer = DataLoader(
         PeerDataset(files, random_crop, read=read),
@@ -45,7 +46,12 @@ def dataloader_rate(files: FileDataset, latency_ms: float, seconds: float, worke
         num_workers=workers,
         persistent_workers=True,
     )
-    samples, took, _ = _measure(peer, seconds, batch_len, "DataLoader")
+    samples, took = 0, 0.0
+    for _ in range(4):  # its first batch alone may outlast ``seconds`` on slow storage
+        samples, took, _ = _measure(peer, seconds, batch_len, "DataLoader")
+        if samples:
+            break
+        seconds *= 2
     del peer
     return samples / took if took > 0 else 0.0
 

@@ -84,14 +84,19 @@ def test_bench_json_on_stdout_progress_on_stderr_and_a_trace(image_folder: Path,
     assert {e["name"] for e in events if e["ph"] == "X"} == {"read", "decode", "collate", "transfer"}
 
 
+def users_decode(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mydecode:number`` importable from the current directory, ``folder``."""
+    (folder / "mydecode.py").write_text(
+        "import numpy as np\n\ndef number(data):\n    return np.array([int(data.rsplit(b'-', 1)[1])])\n"
+    )
+    monkeypatch.chdir(folder)
+
+
 def test_bench_report_with_a_users_decode_and_torch_compared(
     numbered: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A flat folder of files and ``--decode module:function`` from the current directory."""
-    (tmp_path / "mydecode.py").write_text(
-        "import numpy as np\n\ndef number(data):\n    return np.array([int(data.rsplit(b'-', 1)[1])])\n"
-    )
-    monkeypatch.chdir(tmp_path)
+    users_decode(tmp_path, monkeypatch)
     folder = str(Path(numbered[0]).parent)
     code = main(
         [
@@ -139,10 +144,7 @@ def test_bench_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.Captur
 def test_bench_tune_sweeps_both_settings_and_reports_what_auto_chose(
     numbered: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "mydecode.py").write_text(
-        "import numpy as np\n\ndef number(data):\n    return np.array([int(data.rsplit(b'-', 1)[1])])\n"
-    )
-    monkeypatch.chdir(tmp_path)
+    users_decode(tmp_path, monkeypatch)
     folder = str(Path(numbered[0]).parent)
     argv = ["bench", folder, "--decode", "mydecode:number", "--seconds", "0.5", "--batch-size", "4"]
     assert main([*argv, "--tune", "--tune-seconds", "0.3", "--json"]) == 0
