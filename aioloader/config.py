@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import torch
 
+from . import sendable
 from .backends import StorageBackend, resolve
 
 __all__ = ["AUTO_IO_START", "LoaderConfig", "resolve_device", "resolve_rank", "usable_cpus"]
@@ -120,6 +121,22 @@ class LoaderConfig:
     io_auto: bool = False
     #: ``num_workers="auto"``: ``num_workers`` processes, of which the tuner lets some decode.
     workers_auto: bool = False
+    #: The callables that run in other processes, pickled by value once (:mod:`.sendable`):
+    #: ``decode`` always, ``read`` and ``collate`` with ``loader_process``.
+    sent: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A config crosses to the loader process with its callables as the blobs made when
+        # it was created: by value, so that process never needs the trainer's __main__.
+        state = dict(self.__dict__)
+        for name in self.sent:
+            state[name] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, blob in state["sent"].items():
+            state[name] = sendable.loads(blob)
+        self.__dict__.update(state)  # frozen: no setattr, and __init__ would check again
 
     @property
     def autotuned(self) -> bool:
@@ -230,6 +247,13 @@ class LoaderConfig:
         backend = resolve(storage_backend, bool(loader_process))
         if progress not in (True, False, "always") or not isinstance(progress, (bool, str)):
             raise ValueError(f"progress={progress!r} must be True, False or 'always'")
+        sent = {}
+        if decode is not None:
+            sent["decode"] = sendable.dumps(decode, "decode", "the decode worker processes")
+        if loader_process:
+            for name, value in (("read", read), ("collate", collate)):
+                if value is not None:
+                    sent[name] = sendable.dumps(value, name, "the loader process (loader_process=True)")
         return cls(
             batch_size=bs,
             decode=decode,
@@ -259,4 +283,5 @@ class LoaderConfig:
             progress=progress,
             io_auto=io_auto,
             workers_auto=workers_auto,
+            sent=sent,
         )

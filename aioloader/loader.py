@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import pickle
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -63,8 +62,13 @@ class Loader:
     Args:
         dataset: a :class:`FileDataset`, or a sequence of paths (no labels).
         batch_size: samples per batch.
-        decode: picklable ``bytes -> sample``, run in ``num_workers`` processes; default
-            ``ImageDecoder(size=224)``. ``None`` delivers the raw bytes (no processes).
+        decode: ``bytes -> sample``, run in ``num_workers`` processes; default
+            ``ImageDecoder(size=224)``. ``None`` delivers the raw bytes (no processes). Any
+            callable: a module function, a lambda, a closure, a callable object, a function
+            defined (or redefined) in a notebook or ``__main__`` at any time. It is sent to
+            the workers by value (cloudpickle) when the loader is made, so each loader runs
+            its own; one that cannot be sent (it holds a lock or a socket) is a
+            ``ValueError`` here.
         collate: ``list of samples -> batch``; default :func:`default_collate`. Runs on the
             loader's collate thread.
         shuffle, seed: the order of each epoch depends only on ``(seed, epoch)``.
@@ -115,9 +119,9 @@ class Loader:
             loader process of their own (forked by the zygote, so it starts in
             milliseconds); the trainer's process keeps only the bridging thread, and batches
             cross as references to their shared-memory slabs. This takes the loader's
-            per-batch CPU out of the trainer's process (its GIL included). ``decode``,
-            ``read``, ``collate`` and the dataset must be picklable, and ``read``/``collate``
-            then run in that process: state they change is not the trainer's. Arrays a
+            per-batch CPU out of the trainer's process (its GIL included). ``read`` and
+            ``collate`` are then sent there by value like ``decode`` (any callable that can
+            be sent), and run in that process: state they change is not the trainer's. Arrays a
             custom ``collate`` makes anew (not views of its samples) cross the pipe pickled,
             a copy. Where no zygote can be made (see :mod:`aioloader.decode.zygote`), the
             loader runs in-process and logs a warning.
@@ -385,14 +389,6 @@ def _start_runtime(
     """The runtime ``config`` asks for: in a loader process when ``loader_process`` and a
     zygote can be made here, else in this process."""
     if config.loader_process:
-        for what, value in (("decode", config.decode), ("read", config.read), ("collate", config.collate)):
-            try:
-                pickle.dumps(value)
-            except Exception as exc:
-                raise ValueError(
-                    f"loader_process=True needs a picklable {what}, got {value!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
         try:
             return ProcessRuntime(config, dataset, counters)
         except NoZygote:

@@ -37,7 +37,7 @@ from typing import Any
 from . import lifeline
 from .config import LoaderConfig
 from .dataset import FileDataset
-from .decode import zygote
+from .decode import forking, zygote
 from .errors import LoaderError
 from .items import Batch, End, Failure, Item
 from .pipeline import Pipeline, build
@@ -60,6 +60,7 @@ def main(
 ) -> None:
     """The loader process's whole life (the ``target`` the trainer starts it with);
     ``log_level``: the trainer's ``aioloader`` logger's, when it started this process."""
+    forking.become("loader")
     lifeline.follow_parent()
     # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

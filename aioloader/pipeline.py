@@ -105,7 +105,9 @@ def build(
         counters.set_io_concurrency(io)
     pool = slabs = None
     if config.decode is not None:
-        pool = DecodePool(config.decode, config.num_workers, config.max_worker_restarts)
+        pool = DecodePool(
+            config.sent["decode"], config.num_workers, config.max_worker_restarts, f"decode={config.decode!r}"
+        )
         if shm_available():  # else every sample crosses the pipe, pickled
             # Sized for the reads in flight now; the tuner moves it with them.
             pooled = pooled_slabs(config.io_concurrency, config.batch_size, config.prefetch)

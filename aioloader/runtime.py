@@ -23,6 +23,7 @@ from . import gcfreeze, pipeline, sigterm
 from .bridge import Bridge, Run
 from .config import LoaderConfig
 from .dataset import FileDataset
+from .decode import forking
 from .device import DeviceCopier
 from .errors import LoaderError
 from .resume import ResumePoint
@@ -132,6 +133,7 @@ class RuntimeBase(abc.ABC):
     run: Any
 
     def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
+        forking.refuse_loader_here()  # a decode or collate making a loader: say so, never hang
         self.owner_pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()

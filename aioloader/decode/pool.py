@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -26,9 +26,9 @@ from multiprocessing.context import BaseContext
 from types import ModuleType
 from typing import Any
 
-from ..errors import WorkerCrashedError
+from ..errors import LoaderError, WorkerCrashedError
+from . import forking, zygote
 from . import worker as _worker
-from . import zygote
 from .protocol import Chunk, RowResult
 
 __all__ = ["Breakage", "DecodePool", "describe_deaths", "mp_context"]
@@ -41,7 +41,7 @@ def mp_context() -> BaseContext:
     global _context
     if _context is None:
         if sys.platform != "win32" and "forkserver" in mp.get_all_start_methods():
-            ctx = mp.get_context("forkserver")
+            ctx = forking.StockContext()
             ctx.set_forkserver_preload(["aioloader.decode.worker", "aioloader.decode.image", *main_imports()])
             _context = ctx
         else:
@@ -53,10 +53,9 @@ def main_imports() -> list[str]:
     """Modules the main script imported at its top level (``import torch``, ``from x import
     f``), for the fork server to preload.
 
-    Every worker re-imports the main module (that is how functions defined there unpickle).
-    With what it imports already loaded in the fork server, that re-import costs nothing;
-    otherwise each worker pays for, e.g., ``import torch`` (see benchmarks/RESULTS.md). (Python 3.11's own
-    ``"__main__"`` preload never receives the main path, so it cannot do this.)
+    Workers never import the main module itself (:mod:`.forking`), but the decode function
+    sent to them refers to what it imported: with those modules already loaded in the fork
+    server, each worker does not pay for, e.g., ``import torch`` (see benchmarks/RESULTS.md).
     """
     main = sys.modules.get("__main__")
     names: set[str] = set()
@@ -94,12 +93,16 @@ class DecodePool:
 
     def __init__(
         self,
-        decode: Callable[[bytes], Any],
+        decode: bytes,
         num_workers: int,
         max_restarts: int = 3,
+        name: str = "decode",
     ) -> None:
+        """``decode``: the decode function pickled by value (:mod:`aioloader.sendable`),
+        unpickled once by each worker; ``name`` says what it is in errors."""
         self.num_workers = num_workers
         self.max_restarts = max_restarts
+        self.name = name
         self._initargs = (decode,)
         # Chosen now, before this pool's starter thread exists: the zygote forks only from
         # a process without loader threads.
@@ -109,7 +112,7 @@ class DecodePool:
         self._breakages: dict[int, Breakage] = {}  # by the generation they ended
         self._timed_out: set[int] = set()
         self._killed_in: set[int] = set()  # generations broken by a timeout kill of ours
-        self._failure: WorkerCrashedError | None = None
+        self._failure: LoaderError | None = None  # final: every later submit raises it
         self._lock: asyncio.Lock | None = None
         self._executor: ProcessPoolExecutor | None = None
         #: Set once every worker has answered its first (no-op) task.
@@ -125,6 +128,11 @@ class DecodePool:
     def _first_start(self) -> None:
         try:
             self._executor = self._start()
+        except BaseException as exc:  # noqa: BLE001 - never a traceback from this thread: started() raises it
+            self._failure = WorkerCrashedError(
+                f"the decode worker processes could not be started: {type(exc).__name__}: {exc}"
+            )
+            self._failure.__cause__ = exc
         finally:
             self._started.set()
 
@@ -138,11 +146,18 @@ class DecodePool:
             )
         # The executor starts a process per submitted task while none is idle: one no-op per
         # worker starts them all now, in parallel with the first reads.
-        pending = [executor.submit(_worker.warm_up) for _ in range(self.num_workers)]
+        try:
+            pending = [executor.submit(_worker.warm_up) for _ in range(self.num_workers)]
+        except BaseException:
+            _close_executor(executor, grace=1.0)  # its queues' semaphores and any process
+            raise
         left = [len(pending)]
         lock = threading.Lock()
 
-        def one_done(_: Future[int]) -> None:
+        def one_done(fut: Future[int]) -> None:
+            exc = None if fut.cancelled() else fut.exception()
+            if isinstance(exc, _worker.NotLoaded):
+                self.not_loaded(exc)
             with lock:
                 left[0] -= 1
                 if left[0] == 0:
@@ -157,8 +172,17 @@ class DecodePool:
         starting its processes)."""
         while not self._started.is_set():
             await asyncio.sleep(0.005)
-        if self._executor is None:
-            raise WorkerCrashedError("the decode worker processes could not be started")
+        if self._failure is not None:
+            raise self._failure
+
+    def not_loaded(self, exc: BaseException) -> LoaderError:
+        """The error for a worker that could not unpickle ``decode`` (``exc``, a
+        :class:`~.worker.NotLoaded`); final: every later submit raises it."""
+        if self._failure is None:
+            self._failure = LoaderError(
+                f"{self.name} could not be loaded in a decode worker process; its traceback there:\n{exc}"
+            )
+        return self._failure
 
     @property
     def executor(self) -> ProcessPoolExecutor:
@@ -170,8 +194,7 @@ class DecodePool:
         and the pool's generation, for :meth:`recover`."""
         if self._failure is not None:
             raise self._failure
-        if self._executor is None:
-            raise WorkerCrashedError("the decode worker processes could not be started")
+        assert self._executor is not None, "DecodePool.started() was not awaited"
         try:
             fut = self._executor.submit(_worker.run_chunk, chunk)
         except BrokenProcessPool as exc:  # broken before this task: the caller recovers it

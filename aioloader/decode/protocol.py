@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from ..tree import TreeDef
@@ -85,6 +87,16 @@ class Pickled:
 class Failed:
     error: BaseException
     traceback: str
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The error's class goes by value where it must (one defined in a notebook or in
+        # __main__ is not found by name in a worker): cloudpickle gives the loader back its
+        # own class, so ``except TheirError`` still matches the cause.
+        return (_failed, (cloudpickle.dumps(self.error), self.traceback))
+
+
+def _failed(error: bytes, traceback: str) -> Failed:
+    return Failed(pickle.loads(error), traceback)
 
 
 RowResult = Written | InArea | Pickled | Failed

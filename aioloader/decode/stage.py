@@ -31,7 +31,7 @@ from .pool import DecodePool, describe_deaths
 from .protocol import Chunk, Failed, RowResult, Source
 from .slabs import Slab
 from .slots import OrderedSlots
-from .worker import decode_chunk
+from .worker import NotLoaded, decode_chunk
 
 __all__ = ["DecodeStage", "Outcome"]
 
@@ -121,6 +121,8 @@ class DecodeStage:
                     break
                 except BrokenProcessPool:
                     pass
+                except NotLoaded as exc:  # this loader's decode does not unpickle there
+                    raise self._pool.not_loaded(exc) from None
                 finally:
                     self._meter.leave(entered, per=len(chunk.items))
             paths = [self._path_of(i) for _, i, _ in chunk.items]

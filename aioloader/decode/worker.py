@@ -24,9 +24,11 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
-from .. import lifeline
+from .. import lifeline, sendable
+from . import forking
 from .layout import ALIGN, ArraySpec, SlabLayout, describe
 from .protocol import ArrayRef, Chunk, Failed, InArea, Pickled, RowResult, StatusTable, Written
 
@@ -59,10 +61,20 @@ def sample_rng() -> np.random.Generator:
     return rng
 
 
-def worker_init(decode: Callable[[bytes], Any]) -> None:
-    """Pool initialiser: install ``decode``; leave Ctrl-C to the parent; end with the
-    trainer's process (see :mod:`aioloader.lifeline`)."""
-    global _decode
+class NotLoaded(Exception):
+    """The worker could not unpickle the loader's ``decode``; the message is its traceback."""
+
+
+_not_loaded: str | None = None
+
+
+def worker_init(decode: bytes) -> None:
+    """Pool initialiser: install ``decode`` (pickled by value, :mod:`aioloader.sendable`);
+    leave Ctrl-C to the parent; end with the trainer's process (see
+    :mod:`aioloader.lifeline`). A ``decode`` that does not unpickle here is reported by
+    every task (:class:`NotLoaded`), not by an initialiser that kills the worker."""
+    global _decode, _not_loaded
+    forking.become("worker")
     lifeline.follow_parent()
     # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group,
     # and workers that died of it would print tracebacks and break the pool mid-close.
@@ -73,12 +85,21 @@ def worker_init(decode: Callable[[bytes], Any]) -> None:
         # One intra-op thread per worker, as DataLoader's workers do: the workers already
         # fill the cores, and a pool of spinning OpenMP threads in each would fight them.
         torch.set_num_threads(1)
-    _decode = decode
+    try:
+        _decode = sendable.loads(decode)
+    except Exception:  # noqa: BLE001 - the loader reports it, once, as a LoaderError
+        _not_loaded = traceback.format_exc()
 
 
 def warm_up() -> int:
     """A no-op task that makes the pool start a process; returns its pid."""
+    _check_loaded()
     return os.getpid()
+
+
+def _check_loaded() -> None:
+    if _not_loaded is not None:
+        raise NotLoaded(_not_loaded)
 
 
 def _attach(path: str) -> mmap.mmap:
@@ -103,6 +124,7 @@ def _attach(path: str) -> mmap.mmap:
 
 def run_chunk(chunk: Chunk) -> list[RowResult]:
     """Decode ``chunk`` with the installed ``decode`` (the task a worker runs)."""
+    _check_loaded()
     m = _attach(chunk.slab) if chunk.slab is not None else None
     return decode_chunk(m, chunk, _decode)
 
@@ -195,7 +217,7 @@ def _decode_one(
             # Both ways: the parent must rebuild it too. The copy is what goes back, also
             # from the loader's own thread (hot start): it carries no traceback whose
             # frames would keep this chunk's slab mapped.
-            sent: BaseException = pickle.loads(pickle.dumps(exc))
+            sent: BaseException = pickle.loads(cloudpickle.dumps(exc))
         except Exception:  # noqa: BLE001 - an exception that cannot cross the pipe
             sent = RuntimeError(f"{type(exc).__qualname__}: {exc}")
         del exc

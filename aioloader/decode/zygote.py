@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import faulthandler
 import gc
-import io
 import os
 import signal
 import socket
@@ -38,13 +37,13 @@ from multiprocessing import (
     popen_forkserver,
     reduction,
     resource_tracker,
-    spawn,
     util,
 )
 from multiprocessing import context as mpcontext
 from typing import Any
 
 from .. import lifeline
+from . import forking
 
 __all__ = ["address", "adopt", "context", "pid"]
 
@@ -91,8 +90,13 @@ class _Zygote(forkserver.ForkServer):
 
 
 def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
+    global _lock
     code = 0
     try:
+        # The trainer forked this process inside ``with _lock``: this copy of it would stay
+        # held for ever, in the zygote and in everything it forks.
+        _lock = threading.Lock()
+        forking.become("zygote")
         if parent is not None:
             lifeline.die_with_parent(parent)
         # Objects of the trainer that were garbage at the fork stay uncollected: their
@@ -149,25 +153,12 @@ def _open_fds() -> list[int]:
 
 
 class _ZygotePopen(popen_forkserver.Popen):
-    """``popen_forkserver.Popen`` asking the zygote, not the stock fork server."""
+    """``popen_forkserver.Popen`` asking the zygote, not the stock fork server, and never
+    for the main module (:mod:`.forking`)."""
 
     def _launch(self, process_obj: Any) -> None:
         assert _server is not None
-        prep_data = spawn.get_preparation_data(process_obj._name)
-        buf = io.BytesIO()
-        mpcontext.set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, buf)
-            reduction.dump(process_obj, buf)
-        finally:
-            mpcontext.set_spawning_popen(None)
-        self.sentinel, w = _server.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
-        # Kept open: the child sees its parent die when this end closes.
-        parent_w = os.dup(w)
-        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))  # type: ignore[attr-defined]
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = forkserver.read_signed(self.sentinel)
+        forking.launch(self, process_obj, _server)
 
 
 class _ZygoteProcess(mpcontext.ForkServerProcess):
@@ -235,9 +226,7 @@ def adopt(where: tuple[Any, int]) -> None:
     (from :func:`address`), for this process's decode workers too. Their lifeline is this
     process (multiprocessing's parent sentinel); like the trainer's workers, they get the
     write end of a pipe nobody reads as the fork server's "alive" fd."""
-    global _server, _context, _lock
-    # The trainer held the lock while it forked the zygote: this copy of it is held for ever.
-    _lock = threading.Lock()
+    global _server, _context
     server = _Zygote()
     unread_r, unread_w = os.pipe()
     os.close(unread_r)

@@ -1,0 +1,104 @@
+"""How aioloader's helper processes are started: never by running the training script again.
+
+multiprocessing starts a fork-server child by sending it "preparation data", and that data
+names the main module (``init_main_from_path``, or ``init_main_from_name`` under
+``python -m``) so the child can import it as ``__mp_main__`` and unpickle functions defined
+there by reference. A fork server whose main module differs by path re-runs it: with
+``python ../train.py`` the script's ``__file__`` keeps the ``..`` while the data carries the
+normalised path, so every worker ran the script's top level again (a script without an
+``if __name__ == "__main__":`` guard then made a loader inside each worker, and hung).
+
+aioloader needs none of that: every callable it sends goes by value (:mod:`aioloader.sendable`),
+and the zygote already holds the trainer's ``__main__``. The Popen classes here send the
+preparation data without the main module, for the zygote's children and for the stock fork
+server's alike, so no helper ever imports or runs the script, however it was started
+(a relative path, ``..``, a symlink, ``python -m``, torchrun).
+
+A process started this way records what it is (:func:`become`); a loader cannot be started
+inside one (:func:`refuse_loader_here`): its code would run in a worker or the loader
+process, where a second pool of helpers is never what the user meant.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from multiprocessing import context as mpcontext
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from typing import Any
+
+from ..errors import LoaderError
+
+__all__ = ["StockContext", "become", "preparation_data", "refuse_loader_here", "role"]
+
+#: The keys of multiprocessing's preparation data that make a child import the main module.
+_MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
+
+_role: str | None = None
+
+
+def preparation_data(name: str) -> dict[str, Any]:
+    """multiprocessing's preparation data for a child named ``name``, less the main module
+    (sys.path, the working directory and the authkey stay)."""
+    data: dict[str, Any] = spawn.get_preparation_data(name)
+    for key in _MAIN_KEYS:
+        data.pop(key, None)
+    return data
+
+
+def launch(popen: popen_forkserver.Popen, process_obj: Any, server: Any) -> None:
+    """``popen_forkserver.Popen._launch`` with :func:`preparation_data`, asking ``server``
+    (a ``ForkServer``) for the new process."""
+    buf = io.BytesIO()
+    mpcontext.set_spawning_popen(popen)
+    try:
+        reduction.dump(preparation_data(process_obj._name), buf)
+        reduction.dump(process_obj, buf)
+    finally:
+        mpcontext.set_spawning_popen(None)
+    popen.sentinel, w = server.connect_to_new_process(popen._fds)  # type: ignore[attr-defined]
+    # Kept open: the child sees its parent die when this end closes.
+    parent_w = os.dup(w)
+    popen.finalizer = util.Finalize(popen, util.close_fds, (parent_w, popen.sentinel))  # type: ignore[attr-defined]
+    with open(w, "wb", closefd=True) as f:
+        f.write(buf.getbuffer())
+    popen.pid = forkserver.read_signed(popen.sentinel)
+
+
+class _StockPopen(popen_forkserver.Popen):
+    def _launch(self, process_obj: Any) -> None:
+        launch(self, process_obj, forkserver._forkserver)
+
+
+class _StockProcess(mpcontext.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        return _StockPopen(process_obj)
+
+
+class StockContext(mpcontext.ForkServerContext):
+    """multiprocessing's ``forkserver`` context, whose children never import the main
+    module (the fallback where no zygote can be made)."""
+
+    Process = _StockProcess
+
+
+def become(what: str) -> None:
+    """Record that this process is aioloader's ``what`` (``"zygote"``, ``"worker"``,
+    ``"loader"``); inherited by what it forks."""
+    global _role
+    _role = what
+
+
+def role() -> str | None:
+    """What this process is to aioloader, or None for a user's process."""
+    return _role
+
+
+def refuse_loader_here() -> None:
+    """Raise :class:`LoaderError` inside one of aioloader's own helper processes."""
+    if _role is not None:
+        raise LoaderError(
+            f"a Loader cannot be started inside aioloader's own {_role} process (pid {os.getpid()}): "
+            "make loaders in the training script, not in code that decode, read or collate run"
+        )
