@@ -135,7 +135,7 @@ class LoaderConfig:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, blob in state["sent"].items():
-            state[name] = sendable.loads(blob)
+            state[name] = sendable.loads(blob, name)
         self.__dict__.update(state)  # frozen: no setattr, and __init__ would check again
 
     @property

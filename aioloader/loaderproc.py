@@ -53,13 +53,16 @@ logger = logging.getLogger("aioloader")
 def main(
     conn: Connection,
     back: Connection,
-    config: LoaderConfig,
+    pickled_config: bytes,
     dataset: FileDataset,
     where: tuple[Any, int] | None,
     log_level: int = logging.WARNING,
 ) -> None:
     """The loader process's whole life (the ``target`` the trainer starts it with);
-    ``log_level``: the trainer's ``aioloader`` logger's, when it started this process."""
+    ``pickled_config``: the :class:`LoaderConfig`, unpickled here so that a callable that
+    does not load in this process is the trainer's error at start, not this process's
+    traceback; ``log_level``: the trainer's ``aioloader`` logger's, when it started this
+    process."""
     forking.become("loader")
     lifeline.follow_parent()
     # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
@@ -69,6 +72,11 @@ def main(
         zygote.adopt(where)
     send = Sender(conn)
     _forward_logs(send, log_level)
+    try:
+        config: LoaderConfig = pickle.loads(pickled_config)
+    except BaseException as exc:  # noqa: BLE001 - the trainer raises it
+        send(("ready", pack_error(exc)))
+        return
     try:
         import uvloop
 
@@ -272,7 +280,7 @@ class Host:
                 f"batch {item.index} cannot be sent to the trainer's process "
                 f"(loader_process=True): {type(exc).__name__}: {exc}"
             )
-            self.send(("fail", run_id, [err], counts))
+            self.send(("fail", run_id, pack_error(err), counts))
             return
         for name in names:
             self.held[name].append(item.value)

@@ -208,7 +208,14 @@ class ProcessRuntime(runtime.RuntimeBase):
         back = Connection(back_r, writable=False)
         self.proc = ctx.Process(
             target=loaderproc.main,
-            args=(child, back, config, dataset, where, logging.getLogger("aioloader").getEffectiveLevel()),
+            args=(
+                child,
+                back,
+                pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL),  # its callables by value
+                dataset,
+                where,
+                logging.getLogger("aioloader").getEffectiveLevel(),
+            ),
             name="aioloader-loader",
             # Not a daemon: a daemon may not have children (its decode workers). Shutdown,
             # the exit hook and SIGTERM stop it, and its lifeline ends it with the trainer.

@@ -19,10 +19,14 @@ library's ``pickle`` and an importable cloudpickle.
 
 from __future__ import annotations
 
+import os
 import pickle
 from typing import Any
 
 import cloudpickle
+
+from .decode import forking
+from .errors import LoaderError
 
 __all__ = ["dumps", "loads"]
 
@@ -42,6 +46,14 @@ def dumps(value: Any, argument: str, runs_in: str) -> bytes:
         ) from exc
 
 
-def loads(blob: bytes) -> Any:
-    """The value :func:`dumps` pickled."""
-    return pickle.loads(blob)
+def loads(blob: bytes, argument: str = "value") -> Any:
+    """The value :func:`dumps` pickled; :class:`~aioloader.LoaderError` naming ``argument``
+    and this process when it does not unpickle here (a module the receiver cannot import,
+    an object whose unpickling fails)."""
+    try:
+        return pickle.loads(blob)
+    except Exception as exc:
+        raise LoaderError(
+            f"{argument} could not be loaded in process {os.getpid()} ({forking.role() or 'a process'}) "
+            f"that runs it: {type(exc).__name__}: {exc}"
+        ) from exc

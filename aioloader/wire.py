@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from .decode.slabs import SHM_DIR
@@ -185,15 +186,17 @@ def _close(m: mmap.mmap) -> None:
 
 def _picklable(exc: BaseException) -> BaseException:
     try:
-        pickle.loads(pickle.dumps(exc))
+        pickle.loads(cloudpickle.dumps(exc))
         return exc
     except Exception:  # noqa: BLE001 - any failure to pickle
         return LoaderError(f"{type(exc).__name__}: {exc}")
 
 
-def pack_error(exc: BaseException) -> list[BaseException]:
-    """``exc`` and its chain of causes, each picklable (pickling an exception drops its
-    ``__cause__``); the loader process's traceback becomes a note on ``exc``."""
+def pack_error(exc: BaseException) -> bytes:
+    """``exc`` and its chain of causes, pickled (pickling an exception drops its
+    ``__cause__``, so the chain is a list); the loader process's traceback becomes a note
+    on ``exc``. By value where it must be (cloudpickle): an exception class the user
+    defined in ``__main__`` or a notebook reaches the trainer as that same class."""
     chain: list[BaseException] = []
     seen: set[int] = set()
     at: BaseException | None = exc
@@ -204,11 +207,13 @@ def pack_error(exc: BaseException) -> list[BaseException]:
     where = "".join(traceback.format_exception(exc)).rstrip()
     if hasattr(chain[0], "add_note"):
         chain[0].add_note(f"--- in the loader process ---\n{where}")
-    return chain
+    blob: bytes = cloudpickle.dumps(chain)
+    return blob
 
 
-def unpack_error(chain: list[BaseException]) -> BaseException:
+def unpack_error(blob: bytes) -> BaseException:
     """The exception :func:`pack_error` packed, its causes chained again."""
+    chain: list[BaseException] = pickle.loads(blob)
     for exc, cause in itertools.pairwise(chain):
         exc.__cause__ = cause
     return chain[0]

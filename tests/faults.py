@@ -101,3 +101,32 @@ class SlowRead:
 
 
 __all__ = ["Fault", "FlakyRead", "SlowRead"]
+
+
+class LoadsOnlyHere:
+    """Decode numbered files; pickles fine, but unpickling it in any other process fails
+    (as a decoder does whose module only the trainer can import)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def __reduce__(self) -> tuple[object, tuple[int]]:
+        return (_load_only_in, (self.pid,))
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        return decode_number(data)
+
+
+def _load_only_in(pid: int) -> LoadsOnlyHere:
+    if os.getpid() != pid:
+        raise ImportError(f"this decoder can only be loaded in process {pid}")
+    return LoadsOnlyHere()
+
+
+def loader_inside(data: bytes) -> np.ndarray:
+    """A decode that makes a loader of its own (what a training script's top level run
+    again inside a worker would do)."""
+    import aioloader
+
+    aioloader.Loader([os.devnull], decode=None).start()
+    return decode_number(data)

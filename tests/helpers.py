@@ -265,12 +265,17 @@ def shm_mapping(tensor: object) -> str | None:
 # -- scripts run in a session of their own ----------------------------------------------------
 
 
-def start_script(path: Path, text: str) -> subprocess.Popen[str]:
+def start_script(
+    path: Path, text: str, args: list[str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[str]:
     """Write ``text`` to ``path`` and run it with this checkout's aioloader, in a session of
-    its own (so what it leaves behind can be found, and killed, by session id)."""
+    its own (so what it leaves behind can be found, and killed, by session id). ``args``:
+    the interpreter's arguments instead of ``[path]`` (``["../train.py"]``, ``["-m",
+    "train"]``), run in ``cwd``."""
     path.write_text(textwrap.dedent(text))
     return subprocess.Popen(
-        [sys.executable, str(path)],
+        [sys.executable, *(args if args is not None else [str(path)])],
+        cwd=cwd,
         env=script_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -173,7 +173,7 @@ class DecodePool:
         while not self._started.is_set():
             await asyncio.sleep(0.005)
         if self._failure is not None:
-            raise self._failure
+            raise self._failure.with_traceback(None)  # raised again and again: keep no frames
 
     def not_loaded(self, exc: BaseException) -> LoaderError:
         """The error for a worker that could not unpickle ``decode`` (``exc``, a
@@ -193,7 +193,7 @@ class DecodePool:
         """Decode ``chunk`` in one task (see :func:`.worker.run_chunk`); returns the future
         and the pool's generation, for :meth:`recover`."""
         if self._failure is not None:
-            raise self._failure
+            raise self._failure.with_traceback(None)
         assert self._executor is not None, "DecodePool.started() was not awaited"
         try:
             fut = self._executor.submit(_worker.run_chunk, chunk)
@@ -225,7 +225,7 @@ class DecodePool:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._failure is not None:
-                raise self._failure
+                raise self._failure.with_traceback(None)
             if generation != self._generation:
                 return self._breakages[generation]  # another task already rebuilt it
             old = self.executor

@@ -25,7 +25,7 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from ..errors import DecodeError, LoaderTimeoutError, SampleError
+from ..errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
 from ..stages import StageMeter
 from .pool import DecodePool, describe_deaths
 from .protocol import Chunk, Failed, RowResult, Source
@@ -171,7 +171,9 @@ class DecodeStage:
     async def _open_when_started(self, slots: OrderedSlots) -> None:
         try:
             await self._pool.started()
-        finally:  # a pool that failed to start raises at submit, in order
+        except LoaderError:
+            pass  # a pool that failed to start raises at submit, in order
+        finally:
             slots.open()
 
     async def _here(self, chunk: Chunk, slab: Slab | None) -> list[RowResult] | None:

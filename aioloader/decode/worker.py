@@ -86,7 +86,7 @@ def worker_init(decode: bytes) -> None:
         # fill the cores, and a pool of spinning OpenMP threads in each would fight them.
         torch.set_num_threads(1)
     try:
-        _decode = sendable.loads(decode)
+        _decode = sendable.loads(decode, "decode")
     except Exception:  # noqa: BLE001 - the loader reports it, once, as a LoaderError
         _not_loaded = traceback.format_exc()
 
