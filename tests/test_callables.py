@@ -237,9 +237,8 @@ def test_a_decode_that_does_not_load_where_it_runs_is_one_loader_error(
     loader = Loader(
         numbered, batch_size=4, decode=LoadsOnlyHere(), num_workers=2, loader_process=loader_process
     )
-    with pytest.raises(LoaderError) as info:
-        with loader:
-            next(iter(loader))
+    with pytest.raises(LoaderError) as info, loader:
+        next(iter(loader))
     assert not isinstance(info.value, WorkerCrashedError)  # a worker that could not load is no crash
     assert "decode" in str(info.value) and "could not be loaded" in str(info.value)
     assert "can only be loaded in process" in str(info.value) + str(info.value.__cause__)
@@ -248,11 +247,13 @@ def test_a_decode_that_does_not_load_where_it_runs_is_one_loader_error(
 
 
 def test_a_loader_made_inside_a_worker_is_a_clear_error(numbered: list[str], loader_process: bool) -> None:
-    with Loader(
-        numbered[:4], batch_size=4, decode=loader_inside, num_workers=1, loader_process=loader_process
-    ) as loader:
-        with pytest.raises(DecodeError) as info:
-            next(iter(loader))
+    with (
+        Loader(
+            numbered[:4], batch_size=4, decode=loader_inside, num_workers=1, loader_process=loader_process
+        ) as loader,
+        pytest.raises(DecodeError) as info,
+    ):
+        next(iter(loader))
     assert isinstance(info.value.__cause__, LoaderError)
     assert "cannot be started inside aioloader's own worker process" in str(info.value.__cause__)
 
