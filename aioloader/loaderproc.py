@@ -60,6 +60,7 @@ def main(
 ) -> None:
     """The loader process's whole life (the ``target`` the trainer starts it with);
     ``log_level``: the trainer's ``aioloader`` logger's, when it started this process."""
+    lifeline.name_process("aioloader-loader")  # first: its threads inherit it
     lifeline.follow_parent()
     # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -63,6 +63,7 @@ def worker_init(decode: Callable[[bytes], Any]) -> None:
     """Pool initialiser: install ``decode``; leave Ctrl-C to the parent; end with the
     trainer's process (see :mod:`aioloader.lifeline`)."""
     global _decode
+    lifeline.name_process("aioloader-worker")  # first: the lifeline thread inherits it
     lifeline.follow_parent()
     # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group,
     # and workers that died of it would print tracebacks and break the pool mid-close.

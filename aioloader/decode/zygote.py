@@ -93,6 +93,7 @@ class _Zygote(forkserver.ForkServer):
 def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
     code = 0
     try:
+        lifeline.name_process("aioloader-zygote")
         if parent is not None:
             lifeline.die_with_parent(parent)
         # Objects of the trainer that were garbage at the fork stay uncollected: their
