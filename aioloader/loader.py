@@ -89,8 +89,13 @@ class Loader:
             without CUDA).
         on_error: ``"raise"`` the first :class:`SampleError`, or ``"skip"`` failed samples
             (counted in ``stats``, one ``aioloader`` WARNING per file).
-        max_failures: with ``"skip"``, give up with a :class:`LoaderError` past this many
-            failures (int) or this fraction of the samples seen (float).
+        max_failures: with ``"skip"``, give up with a :class:`LoaderError` (not a
+            :class:`SampleError`): an int ``n`` at the failure after ``n``; a float ``f``
+            when failures / samples attempted exceeds ``f``, over the loader's life (counts
+            restored by ``load_state_dict`` included) and once at least 100 samples were
+            attempted: judged at each failure after that, when the count of samples
+            attempted reaches 100, and at the end of each epoch, where the error comes after
+            all the epoch's batches (so failures that all came early are judged too).
         read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
             file (another store, or injected delays and faults); must be thread-safe.
         zero_copy: decoded arrays and tensors (alone or nested in dicts, tuples, lists) are
