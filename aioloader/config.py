@@ -6,7 +6,6 @@ Every argument error names the argument and shows the value, e.g.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,11 +23,37 @@ AUTO_IO_START = 64
 
 
 def usable_cpus() -> int:
-    """CPUs this process may run on (the affinity mask, not the machine's count)."""
+    """The CPUs this process may really use: its CPU affinity, lowered to its cgroup's CPU
+    quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), rounded up, at
+    least 1. A pod limited to 4 CPUs on a 64-core node gets 4; a quota of 1.5 CPUs gets 2.
+
+    The one count of usable CPUs: ``num_workers=None`` and ``"auto"`` start this many
+    processes, the autotuner (:mod:`.tuner`) shares them with the trainer, and ``aioloader
+    bench``, the demo and the benchmarks use it.
+
+    loky's ``cpu_count()`` reads the quota at the root of the cgroup hierarchy this process
+    sees (``/sys/fs/cgroup/cpu.max``, ``/sys/fs/cgroup/cpu/cpu.cfs_quota_us``), which in a
+    container (Docker, Kubernetes) is the container's own cgroup: it gets a cgroup namespace
+    or its subtree mounted there. A quota on a cgroup nested inside a host's hierarchy is not
+    seen. ``LOKY_MAX_CPU_COUNT``, when set, lowers the count too.
+    """
+    return max(1, _loky_cpu_count())
+
+
+def _loky_cpu_count() -> int:
+    # Imported on first use: loky takes 13-33 ms to import, which ``import aioloader`` and
+    # the worker processes need not pay.
+    from multiprocessing import synchronize
+
+    make_name = vars(synchronize.SemLock)["_make_name"]  # the staticmethod itself
     try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        from loky import cpu_count
+    finally:
+        # Importing loky renames every multiprocessing semaphore the process makes from then
+        # on (``/loky-<pid>-...``), the user's too. Undone: the decode pool's semaphores keep
+        # their ``sem.mp-aioloader-<pid>-`` names, by which ``aioloader doctor`` finds them.
+        synchronize.SemLock._make_name = make_name  # type: ignore[attr-defined]
+    return int(cpu_count())
 
 
 def _positive_int(name: str, value: object) -> int:

@@ -182,6 +182,9 @@ class Engine:
                 batch = task.result()
                 for full in repack.push(batch) if repack is not None else [batch]:
                     await out.put(full)
+            # Failures that all came early, with none after them, are judged here too: the
+            # LoaderError takes END's place, after every batch.
+            self.policy.epoch_ended()
         finally:
             await _cancel(building)
 

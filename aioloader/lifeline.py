@@ -17,6 +17,10 @@ The chain after a trainer dies: the zygote sees its pipe close (and on Linux get
 each worker sees its own pipe close (and gets SIGKILL when the zygote dies), and
 multiprocessing's resource tracker, once every holder of its pipe is gone, unlinks the
 shared-memory slabs and semaphores still registered with it (see :mod:`.decode.slabs`).
+
+Each helper also says what it is (:func:`name_process`), so ``ps``, ``top`` and ``htop`` show
+``aioloader-zygote``, ``aioloader-worker`` and ``aioloader-loader`` rather than a row of
+``python``.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ import signal
 import sys
 import threading
 
-__all__ = ["die_with_parent", "exit_when_closed"]
+__all__ = ["die_with_parent", "exit_when_closed", "name_process"]
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+#: The kernel keeps 16 bytes of a task's name, the terminating NUL included.
+_NAME_MAX = 15
 #: The exit status of a helper that ended because the trainer's process was gone.
 ORPHANED = 70
 
@@ -50,6 +57,23 @@ def die_with_parent(parent: int) -> bool:
     if os.getppid() != parent:
         os._exit(ORPHANED)
     return True
+
+
+def name_process(name: str) -> bool:
+    """Set this process's name as ``ps -o comm``, ``top`` and ``htop`` show it
+    (``/proc/<pid>/comm``; Linux, at most 15 bytes, longer is cut). False elsewhere, or if
+    the call failed.
+
+    ``PR_SET_NAME`` names the calling thread, and a process's comm is its main thread's:
+    call it from the main thread, before starting threads, which inherit the name."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        raw = ctypes.c_char_p(name.encode()[:_NAME_MAX])
+        return bool(libc.prctl(_PR_SET_NAME, raw, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
 
 
 def exit_when_closed(fd: int) -> threading.Thread:

@@ -75,8 +75,10 @@ class Loader:
         drop_last: leave out the last batch if it is partial. With ``on_error="skip"`` (and
             the default collate, ``ordered=True``), batches that lost samples are topped up
             with the next samples of the epoch, so every batch is full.
-        num_workers: decode processes (default: the CPUs this process may use).
-            ``"auto"`` starts that many, and lets as many decode at once as leaves the
+        num_workers: decode processes (default: the CPUs this process may really use,
+            :func:`~aioloader.config.usable_cpus`: its CPU affinity lowered to its cgroup's
+            CPU quota, rounded up, so a container limited to 4 CPUs on a 64-core node starts
+            4). ``"auto"`` starts that many, and lets as many decode at once as leaves the
             CPUs the trainer's process measurably uses (its CPU time, measured every 2 s).
         io_concurrency: file reads in flight at most, or ``"auto"`` (default): from 64,
             the loader moves it while running, by Little's law, to the reads the decoders
@@ -91,8 +93,13 @@ class Loader:
             without CUDA).
         on_error: ``"raise"`` the first :class:`SampleError`, or ``"skip"`` failed samples
             (counted in ``stats``, one ``aioloader`` WARNING per file).
-        max_failures: with ``"skip"``, give up with a :class:`LoaderError` past this many
-            failures (int) or this fraction of the samples seen (float).
+        max_failures: with ``"skip"``, give up with a :class:`LoaderError` (not a
+            :class:`SampleError`): an int ``n`` at the failure after ``n``; a float ``f``
+            when failures / samples attempted exceeds ``f``, over the loader's life (counts
+            restored by ``load_state_dict`` included) and once at least 100 samples were
+            attempted: judged at each failure after that, when the count of samples
+            attempted reaches 100, and at the end of each epoch, where the error comes after
+            all the epoch's batches (so failures that all came early are judged too).
         read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
             file (another store, or injected delays and faults); must be thread-safe.
         zero_copy: decoded arrays and tensors (alone or nested in dicts, tuples, lists) are

@@ -162,9 +162,11 @@ def copies(base: Path, n: int) -> Path:
 
 
 def main() -> int:
+    from aioloader.config import usable_cpus  # affinity and cgroup CPU quota, as the loader counts
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[2000, 20000])
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--workers", type=int, default=usable_cpus())
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", default="500x375")
     p.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "aioloader" / "bench")

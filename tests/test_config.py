@@ -208,21 +208,15 @@ def test_resolve_device() -> None:
 
 
 def test_num_workers_none_is_usable_cpus() -> None:
-    cfg = create(num_workers=None)
-    assert cfg.num_workers == usable_cpus() == len(os.sched_getaffinity(0))
+    assert create(num_workers=None).num_workers == usable_cpus()
     assert create(num_workers=3).num_workers == 3
 
 
-def test_usable_cpus_follows_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})
-    assert usable_cpus() == 3
-    assert create(num_workers=None).num_workers == 3
-
-
-def test_usable_cpus_without_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(os, "sched_getaffinity")
-    monkeypatch.setattr(os, "cpu_count", lambda: None)
-    assert usable_cpus() == 1
+def test_usable_cpus_lie_within_the_affinity() -> None:
+    """Whatever CPU quota this machine's cgroup has: never more than the CPUs this process
+    may run on, never fewer than one (the quota itself: test_cpus.py, in real cgroups)."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    assert 1 <= usable_cpus() <= affinity
 
 
 def test_loader_defaults() -> None:

@@ -27,6 +27,7 @@ from multiprocessing import context as mpcontext
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
+from .. import lifeline
 from ..errors import LoaderError
 
 __all__ = ["StockContext", "become", "preparation_data", "refuse_loader_here", "role"]
@@ -85,9 +86,12 @@ class StockContext(mpcontext.ForkServerContext):
 
 def become(what: str) -> None:
     """Record that this process is aioloader's ``what`` (``"zygote"``, ``"worker"``,
-    ``"loader"``); inherited by what it forks."""
+    ``"loader"``; inherited by what it forks) and name it ``aioloader-<what>`` where
+    ``ps`` and ``top`` look (:func:`~aioloader.lifeline.name_process`). Call it first:
+    threads started afterwards inherit the name."""
     global _role
     _role = what
+    lifeline.name_process(f"aioloader-{what}")
 
 
 def role() -> str | None:
