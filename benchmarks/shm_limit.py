@@ -6,8 +6,9 @@ The script re-runs itself under ``unshare -m`` with a tmpfs of ``--shm`` (defaul
 /dev/shm, a private mount namespace (needs root or CAP_SYS_ADMIN; the machine's own /dev/shm
 is untouched). There, for each loader, it tries batch sizes in a doubling ladder from
 ``--start`` up to ``--max-batch`` and then bisects between the last size that loaded and
-the first that did not, down to one sample. A size *loads* when 3 batches come out; each
-try is a fresh Python process (a bus error or a hang is that try's failure, ``--timeout``
+the first that did not, down to one sample. A size *loads* when ``--batches`` batches come
+out (default 3; 20 is a sustained run, where the slabs a pipeline keeps are all in use;
+the files repeat past the first 3 batches' worth); each try is a fresh Python process (a bus error or a hang is that try's failure, ``--timeout``
 seconds at most). Samples are 224x224x3 uint8 images made by a plain decode function of
 the user's own (the file's number as an image; no ``output_shape`` declared) from files of
 ``--file-kb`` (default 100, a JPEG of the benchmark's 500x375 images; aioloader's slabs also
@@ -15,7 +16,7 @@ hold the batch's file bytes, DataLoader's shared memory only its output), ``pref
 everything else at its default. Asserts nothing.
 
     sudo python benchmarks/shm_limit.py [--shm 64m] [--start 8] [--max-batch 1024] [--file-kb 100]
-                                        [--kinds aioloader,aioloader-process,dataloader]
+                                        [--batches 3] [--kinds aioloader,aioloader-process,dataloader]
 
 Run it with the checkout under test first on the path (``PYTHONPATH=. python
 benchmarks/shm_limit.py``); the report names the aioloader it imported.
@@ -36,7 +37,7 @@ import numpy as np
 
 KINDS = ("aioloader", "aioloader-process", "dataloader")
 SHAPE = (224, 224, 3)
-BATCHES = 3  # a size loads when this many batches come out
+FILES_PER_SIZE = 3  # distinct files: 3 batches' worth of the largest size; longer runs repeat them
 
 
 def decode(data: bytes) -> np.ndarray:
@@ -58,9 +59,11 @@ class Files:
             return decode(f.read())
 
 
-def trial(kind: str, batch: int, folder: str) -> None:
-    """One try, in a process of its own: print ``ok`` once 3 batches of ``batch`` came out."""
-    paths = sorted(os.path.join(folder, n) for n in os.listdir(folder))[: BATCHES * batch]
+def trial(kind: str, batch: int, batches: int, folder: str) -> None:
+    """One try, in a process of its own: print ``ok`` once ``batches`` batches of ``batch``
+    came out (one epoch of exactly that many)."""
+    files = sorted(os.path.join(folder, n) for n in os.listdir(folder))
+    paths = [files[i % len(files)] for i in range(batches * batch)]
     got = 0
     if kind == "dataloader":
         from torch.utils.data import DataLoader
@@ -68,7 +71,7 @@ def trial(kind: str, batch: int, folder: str) -> None:
         for b in DataLoader(Files(paths), batch_size=batch, num_workers=2):
             assert tuple(b.shape) == (batch, *SHAPE)
             got += 1
-            if got == BATCHES:
+            if got == batches:
                 break
     else:
         import aioloader
@@ -79,20 +82,24 @@ def trial(kind: str, batch: int, folder: str) -> None:
             for b in loader:
                 assert tuple(b.shape) == (batch, *SHAPE)
                 got += 1
-                if got == BATCHES:
+                if got == batches:
                     break
     print("ok", flush=True)
 
 
-def attempt(kind: str, batch: int, folder: str, timeout: float, left: list[str]) -> tuple[bool, str]:
+def attempt(
+    kind: str, batch: int, args: argparse.Namespace, folder: str, left: list[str]
+) -> tuple[bool, str]:
     """``(loaded, why not)`` of one try in a fresh process. What the try leaves in /dev/shm
     goes into ``left`` and is removed, so it takes no room from the next try."""
     before = set(os.listdir("/dev/shm"))
-    cmd = [sys.executable, os.path.abspath(__file__), "--trial", kind, str(batch), folder]
+    cmd = [sys.executable, os.path.abspath(__file__), "--trial", kind, str(batch), str(args.batches), folder]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=args.timeout, start_new_session=True
+        )
     except subprocess.TimeoutExpired:
-        return False, f"no {BATCHES} batches within {timeout:.0f} s"
+        return False, f"no {args.batches} batches within {args.timeout:.0f} s"
     finally:
         time.sleep(0.2)  # a resource tracker cleans up just after its process ends
         for name in sorted(set(os.listdir("/dev/shm")) - before):
@@ -114,7 +121,7 @@ def search(
     size = args.start
     while size <= args.max_batch:  # doubling ladder
         tries += 1
-        loaded, reason = attempt(kind, size, folder, args.timeout, left)
+        loaded, reason = attempt(kind, size, args, folder, left)
         print(f"  {kind:<18} batch {size:>5}: {'loads' if loaded else 'fails: ' + reason}", flush=True)
         if not loaded:
             bad, why = size, reason
@@ -124,7 +131,7 @@ def search(
     while bad is not None and bad - ok > 1:  # bisect
         mid = (ok + bad) // 2
         tries += 1
-        loaded, reason = attempt(kind, mid, folder, args.timeout, left)
+        loaded, reason = attempt(kind, mid, args, folder, left)
         print(f"  {kind:<18} batch {mid:>5}: {'loads' if loaded else 'fails: ' + reason}", flush=True)
         if loaded:
             ok = mid
@@ -162,13 +169,13 @@ def inside(args: argparse.Namespace) -> None:
     print(f"- {describe_aioloader()}")
     print(
         f"- samples 224x224x3 uint8 ({sample / 1024:.0f} KiB; a batch of 64 is {64 * sample / mib:.1f} MiB), "
-        f"files of {args.file_kb} KiB, prefetch 2, a size loads when {BATCHES} batches come out; doubling from {args.start} to "
+        f"files of {args.file_kb} KiB, prefetch 2, a size loads when {args.batches} batches come out; doubling from {args.start} to "
         f"{args.max_batch}, then bisection"
     )
     print(flush=True)
     with tempfile.TemporaryDirectory(prefix="shm-limit-", dir=args.data_dir) as folder:
         pad = b" " * max(0, args.file_kb * 1024 - 12)
-        for i in range(BATCHES * args.max_batch):
+        for i in range(FILES_PER_SIZE * args.max_batch):
             with open(os.path.join(folder, f"{i:06d}.bin"), "wb") as f:
                 f.write(f"{i:<12d}".encode() + pad)
         rows = []
@@ -199,16 +206,17 @@ def main() -> int:
     p.add_argument("--start", type=int, default=8)
     p.add_argument("--max-batch", type=int, default=1024)
     p.add_argument("--file-kb", type=int, default=100, help="size of each file read (KiB)")
+    p.add_argument("--batches", type=int, default=3, help="a size loads when this many batches come out")
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per try")
     p.add_argument("--data-dir", default=None, help="where the small files go (not /dev/shm)")
     p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--command", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--trial", nargs=3, metavar=("KIND", "BATCH", "FOLDER"), help=argparse.SUPPRESS)
+    p.add_argument("--trial", nargs=4, metavar=("KIND", "BATCH", "BATCHES", "FOLDER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.trial:
-        kind, batch, folder = args.trial
-        trial(kind, int(batch), folder)
+        kind, batch, batches, folder = args.trial
+        trial(kind, int(batch), int(batches), folder)
         return 0
     if args.inside:
         inside(args)
