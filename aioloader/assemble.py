@@ -10,7 +10,7 @@ Three ways, cheapest first:
    output area), plain leaves as they came back, pickled samples as they are, and the
    collate function (default or the user's) runs on the collate thread. The slab lives as
    long as any view of it; with ``zero_copy=False`` the views are copied out first.
-3. Without a slab (no decoding, no ``/dev/shm``) samples are the values themselves.
+3. Without a slab (no decoding, no shared memory) samples are the values themselves.
 
 Labels are gathered here, never by a worker: a batch is ``value`` or ``(value, labels)``.
 """

@@ -1,8 +1,10 @@
 """``aioloader doctor``: find, and with ``--remove`` remove, what dead loaders left in
 shared memory.
 
-A loader's segments are ``/dev/shm/aioloader-<pid>-<n>-<random>`` and its semaphores
-``/dev/shm/sem.mp-aioloader-<pid>-<random>``, named for the process that made them. A
+A loader's semaphores are ``/dev/shm/sem.mp-aioloader-<pid>-<random>`` and, where its slabs
+cannot be memfd segments (or ``AIOLOADER_SLABS=devshm``), its segments are
+``/dev/shm/aioloader-<pid>-<n>-<random>``, named for the process that made them (memfd
+slabs have no name: they end with the last process holding them, and never show here). A
 trainer that dies leaves none (:mod:`.lifeline`), except when its whole process group died
 at once, resource tracker included (``kill -9 -PGID``, a cgroup's OOM kill), or with an
 aioloader older than that guarantee. A name whose pid no longer runs is a leftover: its

@@ -270,9 +270,9 @@ class Host:
             self.send(("fail", run_id, pack_error(item.error), counts))
             return
         slabs = self.parts.slabs.live_slabs() if self.parts is not None and self.parts.slabs else []
-        located = [Located(s.name, s.address, s.layout.size) for s in slabs]
-        treedef, leaves, names = encode(item.value, located)
-        msg = ("item", run_id, item.index, item.size, item.done, treedef, leaves, names, counts)
+        located = [Located(s.handle, s.address, s.layout.size) for s in slabs]
+        treedef, leaves, handles = encode(item.value, located)
+        msg = ("item", run_id, item.index, item.size, item.done, treedef, leaves, handles, counts)
         try:
             data = pickle.dumps(msg, protocol=5)
         except Exception as exc:  # noqa: BLE001 - the trainer learns why, in order
@@ -282,6 +282,6 @@ class Host:
             )
             self.send(("fail", run_id, pack_error(err), counts))
             return
-        for name in names:
-            self.held[name].append(item.value)
+        for handle in handles:
+            self.held[handle.name].append(item.value)
         self.send.raw(data)

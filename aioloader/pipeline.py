@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from .config import LoaderConfig
 from .dataset import FileDataset
 from .decode.pool import DecodePool
-from .decode.slabs import SlabPool, shm_available
+from .decode.segments import FDS_PER_SLAB, MEMFD, choose_kind
+from .decode.slabs import SlabPool
 from .engine import Engine, declared_layout, pooled_slabs
 from .reader import FileReader
 from .stats import Counters
@@ -28,10 +29,15 @@ __all__ = ["Pipeline", "build", "io_concurrency_for_fd_limit"]
 logger = logging.getLogger("aioloader")
 
 
-def io_concurrency_for_fd_limit(wanted: int, num_workers: int = 0) -> int:
+def io_concurrency_for_fd_limit(
+    wanted: int, num_workers: int = 0, slab_rows: int = 0, prefetch: int = 0, slab_fds: int = 0
+) -> int:
     """``wanted`` reads in flight, or fewer when the open-file limit (``ulimit -n``) would
     run out: each read holds one fd, each worker process about four in the parent (pipes and
-    its sentinel), and half of what is left stays for everything else."""
+    its sentinel), and half of what is left stays for everything else. With memfd slabs of
+    ``slab_rows`` rows, each slab holds ``slab_fds`` too, and there is one slab per
+    ``slab_rows`` reads in flight, plus those of the batches queued (``prefetch``) and a few
+    more (see :func:`~.engine.pooled_slabs`)."""
     try:
         import resource
 
@@ -41,7 +47,10 @@ def io_concurrency_for_fd_limit(wanted: int, num_workers: int = 0) -> int:
         return wanted
     if soft == resource.RLIM_INFINITY:
         return wanted
-    return max(1, min(wanted, (soft - in_use - 16 - 4 * num_workers) // 2))
+    spare = (soft - in_use - 16 - 4 * num_workers) // 2
+    if slab_rows > 0 and slab_fds > 0:
+        spare = (spare - slab_fds * (prefetch + 6)) * slab_rows // (slab_rows + slab_fds)
+    return max(1, min(wanted, spare))
 
 
 def _fd_soft_limit() -> int:
@@ -72,7 +81,7 @@ class Pipeline:
 
     def close(self, grace: float) -> None:
         """Stop the workers (``grace`` seconds for a decode in progress), the reader's and
-        the collate thread, and unlink the slabs. Run it once the engine's tasks are done."""
+        the collate thread, and close the slabs. Run it once the engine's tasks are done."""
         if self.pool is not None:
             self.pool.close(grace)
         self.reader.close()
@@ -87,12 +96,15 @@ def build(
     """The parts for ``config`` (``io_concurrency`` lowered if the open-file limit needs
     it; with ``"auto"``, its range bounded by that limit); the decode pool's workers start
     lazily, on the first batch. ``trainer_pid``: in a loader process, the trainer's."""
+    kind = choose_kind() if config.decode is not None else None
+    # memfd slabs hold a descriptor each: they share the open-file limit with the reads.
+    fds = (config.batch_size, config.prefetch, FDS_PER_SLAB) if kind == MEMFD else (0, 0, 0)
     max_io = config.io_concurrency
     if config.io_auto:
-        max_io = io_concurrency_for_fd_limit(MAX_AUTO_IO, config.num_workers)
+        max_io = io_concurrency_for_fd_limit(MAX_AUTO_IO, config.num_workers, *fds)
         config = dataclasses.replace(config, io_concurrency=min(config.io_concurrency, max_io))
         counters.set_io_concurrency(config.io_concurrency)
-    io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers)
+    io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers, *fds)
     if io < config.io_concurrency:
         logger.warning(
             "io_concurrency=%d lowered to %d: the open-file limit (ulimit -n) is %d; raise it "
@@ -108,10 +120,10 @@ def build(
         pool = DecodePool(
             config.sent["decode"], config.num_workers, config.max_worker_restarts, f"decode={config.decode!r}"
         )
-        if shm_available():  # else every sample crosses the pipe, pickled
+        if kind is not None:  # else every sample crosses the pipe, pickled
             # Sized for the reads in flight now; the tuner moves it with them.
             pooled = pooled_slabs(config.io_concurrency, config.batch_size, config.prefetch)
-            slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode))
+            slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode), kind)
     reader = FileReader(
         config.io_concurrency,
         config.read,

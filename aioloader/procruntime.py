@@ -8,9 +8,9 @@ hands them to the trainer. Everything else runs in the loader process
 (:mod:`.loaderproc`, which draws the two channels between them).
 
 Shutdown, idempotent and bounded like the in-process one: cancel the run, stop the bridge,
-ask the loader process to close (it stops its workers and unlinks its slabs), wait up to a
+ask the loader process to close (it stops its workers and closes its slabs), wait up to a
 few ``grace`` periods, then kill it. Batches the trainer still holds stay valid: their
-mappings outlive the names.
+mappings outlive the loader process's descriptors and names.
 """
 
 from __future__ import annotations
@@ -122,23 +122,23 @@ class _Channel:
         if kind == "fail":
             self.counters.absorb(msg[3])
             return Failure(wire.unpack_error(msg[2]))
-        _, _, index, size, done, treedef, leaves, names, counts = msg
+        _, _, index, size, done, treedef, leaves, handles, counts = msg
         self.counters.absorb(counts)
+        tags = [b"R " + h.name.encode() for h in handles]
         try:
-            buffers = [self.maps.get(n) for n in names]
-        except OSError as exc:  # its slab is gone: the loader process is closing
-            for n in names:
-                self.back(b"R " + n.encode())
+            buffers = [self.maps.get(h) for h in handles]
+        except OSError as exc:  # its slab is gone (the loader process is closing) or cannot be mapped
+            for tag in tags:
+                self.back(tag)
             return Failure(LoaderError(f"batch {index}: its shared memory is gone: {exc}"))
-        tags = [b"R " + n.encode() for n in names]
         value = wire.decode(treedef, leaves, buffers, lambda i: self.back(tags[i]))
         return Batch(index=index, value=value, size=size, done=done)
 
     def discard(self, msg: tuple[Any, ...]) -> None:
         """An item of a run nobody serves any more: its slabs go back at once."""
         if msg[0] == "item":
-            for n in msg[7]:
-                self.back(b"R " + n.encode())
+            for h in msg[7]:
+                self.back(b"R " + h.name.encode())
 
     def close(self) -> None:
         with self._back:

@@ -3,7 +3,7 @@
 Python's default action for SIGTERM ends the process at once: no ``finally`` block, no
 ``with`` exit, no ``close()``. While a loader is open (from the first start to the last
 close) and SIGTERM still has that default, a handler of ours closes every open loader
-(workers stopped, slabs unlinked; batches in flight are dropped, nothing is half-written)
+(workers stopped, slabs closed; batches in flight are dropped, nothing is half-written)
 and then chains to the default: it restores it and sends SIGTERM again, so the exit status
 still reads "killed by SIGTERM" for whatever supervises the trainer (torchrun, a scheduler).
 

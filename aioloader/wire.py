@@ -2,9 +2,13 @@
 
 A batch's arrays and tensors that view one of the loader's shared-memory slabs travel as
 :class:`SlabRef` (which slab, where in it, shape, strides, dtype); everything else (labels,
-strings, arrays of ordinary memory) travels pickled. The trainer maps the slab (once: the
-mapping is cached, :class:`SlabMaps`) and rebuilds each leaf as a view of it, so a batch of
-any size costs the pipe a few hundred bytes and no copy.
+strings, arrays of ordinary memory) travels pickled, and so do the handles of the slabs used
+(:class:`~.decode.segments.SegmentHandle`: name, path, inode). The trainer maps each slab
+(once: the mapping is cached under the slab's unique name, :class:`SlabMaps`) and rebuilds
+each leaf as a view of it, so a batch of any size costs the pipe a few hundred bytes and no
+copy. A memfd slab is reached through the loader process's ``/proc/<pid>/fd/<fd>``, and
+mapped only if that file has the handle's inode: a closed slab's fd number may be another
+file's by then, and such a batch is a :class:`~aioloader.LoaderError`, never wrong data.
 
 The slab stays the trainer's until every view of it is garbage: the views derive from one
 owner array whose finalizer reports the slab's name, and the loader process keeps its own
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import mmap
-import os
 import pickle
 import sys
 import traceback
@@ -31,7 +34,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .decode.slabs import SHM_DIR
+from .decode.segments import SegmentHandle, attach
 from .errors import LoaderError
 from .tree import TreeDef, flatten, unflatten
 
@@ -40,7 +43,7 @@ __all__ = ["Located", "SlabMaps", "SlabRef", "decode", "encode", "pack_error", "
 
 @dataclass(frozen=True)
 class SlabRef:
-    """A leaf that views slab ``slab`` (an index into the message's slab names): ``offset``
+    """A leaf that views slab ``slab`` (an index into the message's slab handles): ``offset
     bytes from the segment's start, ``shape``, ``strides`` in bytes (never negative), and
     ``dtype`` (a NumPy dtype string, or a torch dtype name such as ``'bfloat16'`` when
     ``torch``)."""
@@ -55,10 +58,10 @@ class SlabRef:
 
 @dataclass(frozen=True)
 class Located:
-    """A slab the loader knows: its ``name``, the address its mapping starts at in this
+    """A slab the loader knows: its ``handle``, the address its mapping starts at in this
     process, and its ``size`` in bytes."""
 
-    name: str
+    handle: SegmentHandle
     address: int
     size: int
 
@@ -88,12 +91,12 @@ def _describe(leaf: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], str, in
     return None
 
 
-def encode(value: Any, slabs: list[Located]) -> tuple[TreeDef, list[Any], list[str]]:
-    """``(treedef, leaves, names)``: ``value`` flattened, each array leaf that lies wholly
-    inside one of ``slabs`` replaced by a :class:`SlabRef` into ``names`` (the slabs used,
+def encode(value: Any, slabs: list[Located]) -> tuple[TreeDef, list[Any], list[SegmentHandle]]:
+    """``(treedef, leaves, handles)``: ``value`` flattened, each array leaf that lies wholly
+    inside one of ``slabs`` replaced by a :class:`SlabRef` into ``handles`` (the slabs used,
     in order of first use)."""
     treedef, leaves = flatten(value)
-    names: list[str] = []
+    handles: list[SegmentHandle] = []
     out: list[Any] = []
     for leaf in leaves:
         d = _describe(leaf)
@@ -104,12 +107,12 @@ def encode(value: Any, slabs: list[Located]) -> tuple[TreeDef, list[Any], list[s
             for slab in slabs:
                 offset = address - slab.address
                 if span is not None and offset >= 0 and offset + span <= slab.size and offset % itemsize == 0:
-                    if slab.name not in names:
-                        names.append(slab.name)
-                    ref = SlabRef(names.index(slab.name), offset, shape, strides, dtype, is_torch)
+                    if slab.handle not in handles:
+                        handles.append(slab.handle)
+                    ref = SlabRef(handles.index(slab.handle), offset, shape, strides, dtype, is_torch)
                     break
         out.append(leaf if ref is None else ref)
-    return treedef, out, names
+    return treedef, out, handles
 
 
 class _Owner(np.ndarray):
@@ -150,24 +153,23 @@ def _view(owner: np.ndarray[Any, Any], ref: SlabRef) -> Any:
 
 
 class SlabMaps:
-    """The trainer's mappings of the loader's slabs, by name; the ``limit`` least recently
-    used are kept (a mapping still viewed by a batch lives on until the batch is garbage)."""
+    """The trainer's mappings of the loader's slabs, by name (unique, unlike the
+    ``/proc/<pid>/fd/<n>`` path); the ``limit`` most recently used are kept (a mapping still
+    viewed by a batch lives on until the batch is garbage)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 
-    def get(self, name: str) -> mmap.mmap:
-        m = self._maps.get(name)
+    def get(self, handle: SegmentHandle) -> mmap.mmap:
+        """The slab's mapping; OSError (:class:`~.decode.segments.SegmentGone` among them)
+        when it cannot be mapped, or its path is another file now."""
+        m = self._maps.get(handle.name)
         if m is not None:
-            self._maps.move_to_end(name)
+            self._maps.move_to_end(handle.name)
             return m
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
-        try:
-            m = mmap.mmap(fd, 0)
-        finally:
-            os.close(fd)
-        self._maps[name] = m
+        m = attach(handle)
+        self._maps[handle.name] = m
         while len(self._maps) > self.limit:
             _close(self._maps.popitem(last=False)[1])
         return m

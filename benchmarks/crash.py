@@ -4,7 +4,8 @@ times each, for aioloader and for DataLoader(num_workers=2, persistent_workers=T
 A case is one loader kind, one signal (SIGKILL, SIGTERM) sent to the trainer's process
 alone, and one moment (phase: start, mid-epoch, hung-decode, close, held-batch; see
 crashkit.py). A run *leaks* when, ``--limit`` seconds after the kill, a process of the
-trainer's session, a ``/dev/shm/aioloader-<pid>-*`` segment or a new POSIX semaphore is
+trainer's session, a ``/dev/shm/aioloader-<pid>-*`` segment, a memfd slab of the trainer's
+(or its loader process's) that any process still holds or maps, or a new POSIX semaphore is
 still there. The time is from the kill to the moment the last of them is gone (runs that
 leak are left out of it). Zombies count as gone: they have exited. The last column counts
 runs whose stderr shows a traceback (a helper complaining as it dies).

@@ -8,10 +8,11 @@ number of worker processes) while a thread samples, every 20 ms:
 - PSS of the loader's process and all its descendants (worker processes, aioloader's fork
   server), from ``/proc/<pid>/smaps_rollup``. PSS splits each shared page between the
   processes mapping it, so shared memory (slabs, torch's shared tensors) counts once;
-- bytes in ``/dev/shm`` made by that process (aioloader's slabs, mapped or not).
+- bytes of that process's slabs (aioloader's memfd slabs it holds, or its segments in
+  ``/dev/shm`` with ``AIOLOADER_SLABS=devshm``; mapped or not).
 
 The report gives each peak and the 20,000 / 2,000 ratio per loader (1.00 = memory does not
-depend on the dataset size), and checks that no ``aioloader-*`` segment is left after
+depend on the dataset size), and checks that no ``aioloader-*`` slab is left after
 ``close()``. Asserts nothing.
 
     python benchmarks/memory.py [--sizes 2000 20000] [--workers N] [--image-size 500x375]
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
@@ -65,18 +67,26 @@ def pss_bytes(pid: int) -> int:
 
 
 def shm_bytes(pid: int) -> int:
-    total = 0
+    """Allocated bytes of ``pid``'s slabs: memfd ones it holds, its /dev/shm segments."""
+    sizes = {}
     for name in os.listdir("/dev/shm"):
         if name.startswith(f"aioloader-{pid}-"):
             try:
-                total += os.stat(os.path.join("/dev/shm", name)).st_blocks * 512
+                sizes[name] = os.stat(os.path.join("/dev/shm", name)).st_blocks * 512
             except OSError:
                 pass
-    return total
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith(f"/memfd:aioloader-{pid}-"):  # a slab may have two fds: count it once
+                sizes[link] = os.stat(f"/proc/{pid}/fd/{fd}").st_blocks * 512
+        except OSError:
+            pass
+    return sum(sizes.values())
 
 
 class Sampler(threading.Thread):
-    """Samples this process tree's PSS and its /dev/shm bytes until stopped; keeps peaks."""
+    """Samples this process tree's PSS and its slab bytes until stopped; keeps peaks."""
 
     def __init__(self) -> None:
         super().__init__(name="memory-sampler", daemon=True)
@@ -130,6 +140,8 @@ def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, fl
     time.sleep(0.1)
     sampler.stop.set()
     sampler.join()
+    del _images, labels  # the last batch: its mapping of a slab would count as left
+    gc.collect()
     left = shm_bytes(os.getpid())
     return {
         "total": sampler.peak_total,
@@ -200,7 +212,7 @@ def main() -> int:
         f"\nbatch {args.batch_size}, {args.workers} worker processes each, ImageDecoder(224), one epoch; peaks\n"
     )
     print(
-        "| loader | files | peak PSS total MiB | main MiB | workers MiB | /dev/shm MiB | samples/s | shm left |"
+        "| loader | files | peak PSS total MiB | main MiB | workers MiB | slabs MiB | samples/s | slabs left |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (name, n), r in results.items():

@@ -12,14 +12,16 @@ status is 1 when one fails):
 - memory is flat: the footprint after epoch 50 is within 10% of the one after epoch 5, and
   so is the max/min over epochs 5..50;
 - after ``close()``: no ``aioloader-*`` thread, no child process, the fds of before the
-  loader existed, and none of this process's ``aioloader-*`` segments in ``/dev/shm``.
+  loader existed (so no memfd slab's descriptor either), and none of this process's
+  ``aioloader-*`` slabs: memfd descriptors, or segments in ``/dev/shm`` (the fallback).
 
 Memory footprint: the sum over this process and all its descendants (decode workers, fork
 server, resource tracker) of ``Pss_Anon + Pss_File`` from ``/proc/<pid>/smaps_rollup``,
-plus the size of this process's ``aioloader-*`` segments in ``/dev/shm``. PSS splits pages
-shared between processes (the forked workers share their parent's libraries) instead of
-counting them once per process as RSS would; shared memory is left out of PSS and counted
-once, by the segments' size, so a slab mapped by three processes is not counted three times.
+plus the allocated size of this process's ``aioloader-*`` slabs (memfd, or ``/dev/shm``
+segments). PSS splits pages shared between processes (the forked workers share their
+parent's libraries) instead of counting them once per process as RSS would; shared memory
+is left out of PSS and counted once, by the slabs' size, so a slab mapped by three processes
+is not counted three times.
 
 Labels are the dataset indices (``FileDataset(paths, labels=range(n))``), so the label tensor
 says which sample each row is; images are decoded by the real ``ImageDecoder(64)``, whose
@@ -140,8 +142,9 @@ def loader_threads() -> set[str]:
 
 
 def my_segments() -> dict[str, int]:
-    """This process's ``aioloader-<pid>-*`` segments and their sizes (another process's
-    loader, e.g. a colleague's test run, has its own pid in the name)."""
+    """This process's ``aioloader-<pid>-*`` slabs and their allocated sizes: the memfd slabs
+    it holds a descriptor of, and its segments in ``/dev/shm`` (the fallback). Another
+    process's loader, e.g. a colleague's test run, has its own pid in the name."""
     prefix = f"aioloader-{os.getpid()}-"
     out = {}
     for name in os.listdir(SHM):
@@ -150,6 +153,15 @@ def my_segments() -> dict[str, int]:
                 out[name] = os.stat(os.path.join(SHM, name)).st_blocks * 512
             except FileNotFoundError:
                 pass
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith(f"/memfd:{prefix}"):
+                out[link.removeprefix("/memfd:").removesuffix(" (deleted)")] = (
+                    os.stat(f"/proc/self/fd/{fd}").st_blocks * 512
+                )
+        except OSError:
+            pass  # closed meanwhile
     return out
 
 
@@ -427,7 +439,7 @@ def soak(
         f"{len(before[2])} before, {len(fds())} after" + (f"; new: {sorted(new_fds)}" if new_fds else ""),
     )
     res.check(
-        "no shared-memory segment left in /dev/shm",
+        "no shared-memory slab left (memfd or /dev/shm)",
         not segments,
         (f"{len(segments)} left: {sorted(segments)[:3]}" if segments else "none") + f"; {slab_note}",
     )
@@ -464,7 +476,7 @@ def report(
         f"max_worker_restarts={args.max_worker_restarts} (the default 3 counts restarts over the loader's "
         f"life, and this run kills {args.epochs // args.kill_every} workers by design)",
         f"- memory: sum over this process and its descendants (workers, fork server, resource tracker) of "
-        f"Pss_Anon + Pss_File (/proc/PID/smaps_rollup), plus this process's aioloader-* segments in {SHM}",
+        f"Pss_Anon + Pss_File (/proc/PID/smaps_rollup), plus this process's aioloader-* slabs (memfd, or segments in {SHM})",
         f"- throughput: {res.samples} samples in {res.seconds:.1f} s = {res.samples / res.seconds:.0f} samples/s "
         f"overall (loader start to close, kills and checks included); epoch median "
         f"{np.median(res.epoch_seconds) if res.epoch_seconds else float('nan'):.2f} s",
@@ -476,7 +488,7 @@ def report(
         lines.append(f"| {c.name} | {'PASS' if c.ok else '**FAIL**'} | {c.detail} |")
     lines += [
         "",
-        "| after epoch | main PSS MiB | workers + helpers PSS MiB | /dev/shm MiB (segments) | total MiB | vs epoch "
+        "| after epoch | main PSS MiB | workers + helpers PSS MiB | slabs MiB (count) | total MiB | vs epoch "
         f"{args.flat_from} | shm mapped, PSS MiB | processes | epoch s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]

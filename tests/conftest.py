@@ -1,5 +1,5 @@
 """Shared fixtures: real files on disk, and a check that no test leaks a thread, a child
-process or a file descriptor."""
+process, a file descriptor, a shared-memory slab or a mapping of one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from frontends import FRONTENDS, Driver, make_driver
-from helpers import descendants, shm_segments, write_numbered_files
+from helpers import descendants, shm_segments, slab_mappings, write_numbered_files
 
 from aioloader.decode import zygote
 from aioloader.decode.pool import mp_context
@@ -53,11 +53,19 @@ def _fds() -> set[str]:
 
 
 def _segments() -> set[str]:
-    """This process's aioloader shared-memory segments. Only its own (the name carries the
+    """This process's aioloader shared-memory slabs: its ``/dev/shm`` segments and the memfd
+    descriptors it holds (those also show among the fds). Only its own (the name carries the
     creating pid): a loader in another process, such as a benchmark or a colleague's test
     run on the same machine, makes and removes segments meanwhile, and would fail whichever
     test happened to be running. Tests that run a script check its segments themselves."""
     return shm_segments()
+
+
+def _mappings() -> set[str]:
+    """Slabs mapped in this process, whoever made them (a loader process's, too): once a
+    test's batches are garbage and its loaders closed, none may be left, since a memfd slab
+    lives as long as any mapping of it."""
+    return {name for _, _, name in slab_mappings()}
 
 
 def _threads() -> set[str]:
@@ -68,7 +76,7 @@ def _threads() -> set[str]:
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves a thread, a child process, a file descriptor or a
     shared-memory segment behind."""
-    before = (_threads(), descendants(), _fds(), _segments())
+    before = (_threads(), descendants(), _fds(), _segments(), _mappings())
     yield
     if request.node.get_closest_marker("allow_leaks"):
         return
@@ -79,7 +87,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         procs = descendants() - before[1]
         fds = {fd for fd in _fds() - before[2] if "/dev/pts" not in fd}
         segments = _segments() - before[3]
-        if not (threads or procs or fds or segments) or time.monotonic() > deadline:
+        mapped = _mappings() - before[4]
+        if not (threads or procs or fds or segments or mapped) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     problems = []
@@ -91,6 +100,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         problems.append(f"file descriptors: {sorted(fds)}")
     if segments:
         problems.append(f"shared-memory segments: {sorted(segments)}")
+    if mapped:
+        problems.append(f"shared-memory slabs still mapped: {sorted(mapped)}")
     if problems:
         pytest.fail("leaked after the test: " + "; ".join(problems))
 

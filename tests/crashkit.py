@@ -7,8 +7,9 @@ from the stock fork server, as where no zygote can be made, and ``aioloader-thre
 started from a thread that has ended by the kill) in a session of its own, waits
 until it reports the moment named by the phase, kills the trainer's process alone (as the
 OOM killer or a scheduler's preemption does: its helpers are left to notice), and watches for up to ``limit``
-seconds until no process of the session, no shared-memory segment of the trainer's pid (or
-of a helper's that was alive when it was ready, such as a loader process) and
+seconds until no process of the session, no shared-memory slab of the trainer's pid (or
+of a helper's that was alive when it was ready, such as a loader process: a ``/dev/shm``
+segment, or a memfd slab any process on the machine still holds or maps) and
 no new POSIX semaphore is left. Used by tests/test_crash.py (each case once) and
 benchmarks/crash.py (each case N times, with times).
 
@@ -30,7 +31,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from helpers import shm_segments, start_script
+from helpers import memfd_holders, shm_segments, start_script
 
 __all__ = ["KINDS", "PHASES", "Outcome", "run_case", "semaphores"]
 
@@ -128,7 +129,8 @@ if __name__ == "__main__":
 @dataclasses.dataclass
 class Outcome:
     """What one kill left: ``survivors`` (pids still in the trainer's session), ``segments``
-    (``/dev/shm/aioloader-<pid>-*``), ``semaphores`` (POSIX semaphores made since the start),
+    (``/dev/shm/aioloader-<pid>-*``, and ``<holder pid>:aioloader-<pid>-*`` for a memfd slab
+    a process still holds or maps), ``semaphores`` (POSIX semaphores made since the start),
     after ``seconds`` (kill to clean, or to giving up at the limit); ``returncode`` of the
     trainer and its ``stderr``."""
 
@@ -196,7 +198,7 @@ def run_case(
     makers = {proc.pid, *(int(p) for p in _session(proc.pid))}
 
     def segments() -> set[str]:
-        return set().union(*(shm_segments(p) for p in makers))
+        return set().union(*(shm_segments(p) for p in makers)) | memfd_holders(makers)
 
     try:
         time.sleep(_DELAY.get(phase, 0.0))
@@ -220,7 +222,7 @@ def run_case(
     finally:
         _kill_session(proc)  # a leaked helper keeps stdout and stderr open
         _, err = proc.communicate()
-        for name in segments() | (semaphores() - sems_before):  # leave the machine clean
+        for name in segments() | (semaphores() - sems_before):  # leave the machine clean (memfds go alone)
             try:
                 os.unlink(os.path.join("/dev/shm", name))
             except OSError:

@@ -127,14 +127,79 @@ def decode_head(data: bytes) -> np.ndarray:
 
 
 def shm_segments(pid: int | None = None) -> set[str]:
-    """aioloader's shared-memory segments in /dev/shm made by process ``pid`` (default: this
-    one). Segment names start with their maker's pid, so loaders in other processes on the
+    """The names of aioloader's shared-memory slabs that process ``pid`` (default: this one)
+    made and still shares: its ``/dev/shm/aioloader-<pid>-*`` files (the fallback) and the
+    ``/memfd:aioloader-<pid>-*`` descriptors it holds open (memfd slabs: gone with the
+    descriptor). Names start with their maker's pid, so loaders in other processes on the
     same machine (a parallel test run) do not count."""
-    prefix = f"aioloader-{os.getpid() if pid is None else pid}-"
+    pid = os.getpid() if pid is None else pid
+    prefix = f"aioloader-{pid}-"
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+        names = {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
     except FileNotFoundError:
+        names = set()
+    return names | memfd_slabs(pid)
+
+
+def memfd_slabs(pid: int | None = None, maker: int | None = None) -> set[str]:
+    """Names of the aioloader memfd slabs that process ``pid`` (default: this one) holds a
+    descriptor of, made by process ``maker`` (default: ``pid``; 0: any)."""
+    pid = os.getpid() if pid is None else pid
+    maker = pid if maker is None else maker
+    prefix = f"/memfd:aioloader-{maker}-" if maker else "/memfd:aioloader-"
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone, or not ours to see
         return set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith(prefix):
+            out.add(_slab_name(link))
+    return out
+
+
+def memfd_holders(makers: set[int]) -> set[str]:
+    """``"<pid>:<slab name>"`` for every process on this machine that holds a descriptor or
+    a mapping of a memfd slab made by one of ``makers``: a memfd lives exactly as long as
+    one of those, so this is what a dead loader could leave (there is no name to leak)."""
+    prefixes = tuple(f"/memfd:aioloader-{m}-" for m in makers)
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            links = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+            with open(f"/proc/{entry}/maps") as f:
+                links += [line.split(maxsplit=5)[-1].rstrip("\n") for line in f]
+        except OSError:  # gone meanwhile, or not ours to see
+            continue
+        out |= {f"{entry}:{_slab_name(x)}" for x in links if x.startswith(prefixes)}
+    return out
+
+
+def _slab_name(path: str) -> str:
+    """``aioloader-<pid>-<n>-<random>`` from a maps or fd-link path of a slab."""
+    return os.path.basename(path.removeprefix("/memfd:")).removesuffix(" (deleted)")
+
+
+def slab_mappings(maker: int | None = None) -> list[tuple[int, int, str]]:
+    """``(start, end, name)`` of this process's mappings of aioloader slabs made by process
+    ``maker`` (default: any), memfd (``/memfd:aioloader-...``) or ``/dev/shm`` alike, from
+    /proc/self/maps; also once the slab is closed, while still mapped."""
+    tail = f"aioloader-{maker}-" if maker is not None else "aioloader-"
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.rstrip("\n").split(maxsplit=5)
+            if len(parts) < 6 or not parts[5].startswith((f"/dev/shm/{tail}", f"/memfd:{tail}")):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            out.append((start, end, _slab_name(parts[5])))
+    return out
 
 
 # -- decoders with undeclared outputs (the zero-copy path learns their layout) ----------------
@@ -246,19 +311,14 @@ def is_gone(pid: int) -> bool:
 
 
 def shm_mapping(tensor: object) -> str | None:
-    """The name of this process's aioloader segment in /dev/shm that ``tensor``'s memory
-    lies in (from /proc/self/maps; also once the segment is unlinked, while still mapped),
-    or None for memory of its own (a copy)."""
+    """The name of this process's aioloader slab that ``tensor``'s memory lies in (a memfd
+    mapping, ``/memfd:aioloader-<pid>-...``, or a ``/dev/shm/aioloader-<pid>-...`` one; from
+    /proc/self/maps, also once the slab is closed, while still mapped), or None for memory
+    of its own (a copy)."""
     ptr = tensor.untyped_storage().data_ptr()  # type: ignore[attr-defined]
-    prefix = f"/dev/shm/aioloader-{os.getpid()}-"
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) < 6 or not parts[5].startswith(prefix):
-                continue
-            start, end = (int(x, 16) for x in parts[0].split("-"))
-            if start <= ptr < end:
-                return os.path.basename(parts[5].rstrip("\n").removesuffix(" (deleted)"))
+    for start, end, name in slab_mappings(os.getpid()):
+        if start <= ptr < end:
+            return name
     return None
 
 

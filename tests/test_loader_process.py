@@ -2,13 +2,15 @@
 only the bridging thread, and batches cross as references to shared memory.
 
 Everything is read from the outside: threads by name, processes from /proc, mappings from
-/proc/self/maps, segments in /dev/shm. The general suite (test_loader.py) runs again in this
+/proc/self/maps, the loader process's memfd slabs from /proc/<pid>/fd (its segments in
+/dev/shm with ``AIOLOADER_SLABS=devshm``). The general suite (test_loader.py) runs again in this
 mode; these tests cover what only this mode has.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -22,29 +24,33 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import decode_number, descendants, is_gone, number_image, number_ragged, script_env
+from helpers import (
+    decode_number,
+    descendants,
+    is_gone,
+    memfd_slabs,
+    number_image,
+    number_ragged,
+    script_env,
+    shm_segments,
+    slab_mappings,
+)
 
 from aioloader import DecodeError, Loader, LoaderError, ReadError
 from aioloader.decode.slabs import shm_available
 
-pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
+pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
 
 
 def shm_view(t: Any) -> str | None:
-    """The aioloader segment (any maker) that ``t``'s memory lies in, from /proc/self/maps."""
+    """The aioloader slab (any maker) that ``t``'s memory lies in, from /proc/self/maps."""
     ptr = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].startswith("/dev/shm/aioloader-"):
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                if start <= ptr < end:
-                    return os.path.basename(parts[5].split()[0])
-    return None
+    return next((name for start, end, name in slab_mappings() if start <= ptr < end), None)
 
 
 def segments_of(pid: int) -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{pid}-")}
+    """Slabs process ``pid`` made and shares: its memfd descriptors, its /dev/shm files."""
+    return shm_segments(pid)
 
 
 def loader_pid() -> int:
@@ -83,6 +89,10 @@ def test_same_batches_as_in_process_as_views_of_the_loader_processes_slabs(numbe
     # Closed: the process and its segments are gone; batches still held stay valid.
     assert is_gone(pid) and segments_of(pid) == set()
     assert sorted(n for b in batches for n in numbers(b)) == list(range(37))
+    # Once they are dropped, nothing of the slabs is left here: no mapping, no descriptor.
+    del batches
+    gc.collect()
+    assert slab_mappings() == [] and memfd_slabs(maker=pid) == set()
 
 
 def test_held_batches_never_change_while_slabs_are_reused(numbered: list[str]) -> None:

@@ -25,6 +25,7 @@ from aioloader.assemble import view_array
 from aioloader.decode import worker as _worker
 from aioloader.decode.layout import LayoutTracker, SampleLayout, array_spec, describe, plan_slab
 from aioloader.decode.protocol import ArrayRef, Chunk, Failed, InArea, Pickled, StatusTable, Written
+from aioloader.decode.segments import SegmentHandle
 from aioloader.tree import LEAF, flatten, map_leaves, unflatten
 
 Point = collections.namedtuple("Point", "x y")
@@ -277,7 +278,7 @@ def reverse_and_meta(data: bytes) -> Any:
 
 @pytest.fixture
 def slab_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A file-backed slab of 4 rows for 3-byte samples: (path, layout, mmap of it)."""
+    """A file-backed slab of 4 rows for 3-byte samples: (handle, layout, mmap of it)."""
     monkeypatch.setattr(_worker, "_maps", OrderedDict())
     sample = SampleLayout(*describe(reverse_and_meta(b"abc"))[::2])
     layout = plan_slab(4, sample, input_size=64, out_size=256)
@@ -286,7 +287,8 @@ def slab_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     with open(path, "r+b") as f:
         m = mmap.mmap(f.fileno(), 0)
     m[layout.input : layout.input + 9] = b"abcdefghi"  # three 3-byte files at offsets 0, 3, 6
-    yield os.fspath(path), layout, m
+    st = path.stat()
+    yield SegmentHandle("aioloader-test-slab", os.fspath(path), st.st_dev, st.st_ino), layout, m
     for mapped in _worker._maps.values():
         mapped.close()
     m.close()

@@ -1,25 +1,45 @@
 """The shared-memory slab path: workers decode into batch slabs that become the batch
-tensors without a copy. The autouse ``no_leaks`` fixture also fails any test that leaves an
-``aioloader-*`` segment in /dev/shm."""
+tensors without a copy. Slabs are memfd segments, reached by descriptor (``/dev/shm`` files
+with ``AIOLOADER_SLABS=devshm``). The autouse ``no_leaks`` fixture also fails any test that
+leaves an ``aioloader-*`` segment in /dev/shm, a memfd slab's descriptor open or a slab
+mapped."""
 
 from __future__ import annotations
 
 import errno
 import gc
+import mmap
+import multiprocessing
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import FixedShape, decode_head, decode_number, shm_mapping, shm_segments, write_sized_files
+from helpers import (
+    FixedShape,
+    decode_head,
+    decode_number,
+    memfd_slabs,
+    shm_mapping,
+    shm_segments,
+    slab_mappings,
+    write_sized_files,
+)
 
 import aioloader
-from aioloader import FileDataset, Loader, LoaderError
+from aioloader import FileDataset, Loader, LoaderError, wire
+from aioloader.decode import worker as _worker
 from aioloader.decode.layout import SampleLayout
+from aioloader.decode.protocol import Chunk, Failed
+from aioloader.decode.segments import ENV, SegmentGone, attach
 from aioloader.decode.slabs import SlabPool, shm_available
+from aioloader.items import Failure
+from aioloader.procruntime import _Channel
+from aioloader.stats import Counters
 
-pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
+pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
 
 
 def segments() -> set[str]:
@@ -32,16 +52,19 @@ def test_slab_batches_are_views_of_shared_memory(numbered: list[str]) -> None:
         batches = list(loader)
         live = segments()
         assert len(live) >= 1
-        # Each batch's memory is one of this process's segments in /dev/shm: no copy.
+        # Each batch's memory is one of this process's memfd slabs: no copy, no /dev/shm.
         assert all(shm_mapping(b) in live for b in batches)
+        assert memfd_slabs() == live
     values = [int(v) for b in batches for v in b[:, 0, 0]]
     assert values == list(range(37))
     assert batches[0].shape == (5, 2, 3) and batches[0].dtype == torch.uint8
-    # The segments are unlinked at close even though these tensors still map them, and the
-    # tensors stay valid.
-    assert segments() == set()
+    # The slabs are closed at close even though these tensors still map them (before Python
+    # 3.13 each mapping keeps a descriptor of its own), and the tensors stay valid.
     assert all(shm_mapping(b) in live for b in batches)
     assert int(batches[3][0, 1, 2]) == 15
+    del batches
+    gc.collect()
+    assert segments() == set() and not slab_mappings()  # nothing once no batch is held
 
 
 def test_held_batches_never_change_and_the_pool_recycles(numbered: list[str]) -> None:
@@ -124,6 +147,7 @@ def test_shared_memory_exhaustion_is_a_clear_error(
     def no_space(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    monkeypatch.setenv(ENV, "devshm")  # read when the pool is made: here, in this process
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     with (
         Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1) as loader,
@@ -151,15 +175,17 @@ def test_pool_unit_bounded_reuse() -> None:
         a, b, c = pool.acquire(), pool.acquire(), pool.acquire()
         assert (a.pooled, b.pooled, c.pooled) == (True, True, False)
         assert pool.live == 3
-        pool.release(c)  # one-shot: unlinked at once
-        assert pool.live == 2 and not os.path.exists(c.path)
+        pool.release(c)  # one-shot: closed at once
+        assert pool.live == 2 and c.closed
+        with pytest.raises(SegmentGone):
+            attach(c.handle)  # no other process can map it any more
         pool.release(a)
         pool.release(a)  # a second release of a free slab changes nothing
         assert pool.acquire() is a  # pooled: reused
         pool.want(SampleLayout.declared((3,)), in_size=4096, out_size=0)
         pool.release(b)
         d = pool.acquire()  # b's arena is too small now: replaced
-        assert d is not b and d.layout.input_size == 4096 and not os.path.exists(b.path)
+        assert d is not b and d.layout.input_size == 4096 and b.closed
         pool.want(SampleLayout.declared((5,)), in_size=4096, out_size=100)
         pool.release(d)
         e = pool.acquire()  # a new sample layout: rows blocks of another size
@@ -167,4 +193,95 @@ def test_pool_unit_bounded_reuse() -> None:
         assert decode_number(b"sample-000001")[0] == 1
     finally:
         pool.close()
+    del a, b, c, d, e  # their mappings (before Python 3.13, a descriptor each) go with them
+    gc.collect()
+    assert segments() == set() and not slab_mappings()
+
+
+def test_memfd_exhaustion_is_a_clear_error_and_leaves_no_descriptor(
+    numbered: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_memory(fd: int, length: int) -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(os, "ftruncate", no_memory)
+    with (
+        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1) as loader,
+        pytest.raises(LoaderError, match=r"cannot allocate a .* MiB shared-memory batch slab as anonymous"),
+    ):
+        list(loader)
     assert segments() == set()
+
+
+def test_devshm_fallback_slabs_are_files_and_go_at_close(
+    numbered: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV, "devshm")
+    with Loader(numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2) as loader:
+        batches = list(loader)
+        files = {n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{os.getpid()}-")}
+        assert files and memfd_slabs() == set()
+        assert all(shm_mapping(b) in files for b in batches)
+    assert segments() == set()
+    assert [int(v) for b in batches for v in b[:, 0, 0]] == list(range(37))
+
+
+def test_a_bad_slab_setting_is_a_clear_error(numbered: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "tmpfs")
+    with (
+        pytest.raises(LoaderError, match="AIOLOADER_SLABS='tmpfs'"),
+        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1) as loader,
+    ):
+        list(loader)
+
+
+def test_a_reused_descriptor_number_is_never_mapped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk (or a batch message) of a slab whose descriptor was closed, the number then
+    reused for another file: the worker writes nothing into that file, and the trainer
+    reports a LoaderError for the batch instead of mapping the wrong memory."""
+    pool = SlabPool(4, pooled=0, sample=SampleLayout.declared((3,)), kind="memfd")
+    monkeypatch.setattr(_worker, "_maps", OrderedDict())
+    monkeypatch.setattr(_worker, "_decode", lambda data: np.zeros(3, dtype=np.uint8) + 7)
+    slab = pool.acquire()
+    handle, layout = slab.handle, slab.layout
+    assert handle.path.startswith(f"/proc/{os.getpid()}/fd/") and handle.name == slab.name
+    fd = int(handle.path.rsplit("/", 1)[1])
+    pool.release(slab)  # one-shot: its descriptor is closed now
+    del slab
+    pool.close()
+    with pytest.raises(SegmentGone):
+        attach(handle)  # nothing at that number
+    other = tmp_path / "other"
+    other.write_bytes(bytes(layout.size))
+    reused = os.open(other, os.O_RDWR)  # the number is someone else's file now
+    if reused != fd:
+        os.dup2(reused, fd)
+        os.close(reused)
+    try:
+        with pytest.raises(SegmentGone, match="another file"):
+            attach(handle)
+        results = _worker.run_chunk(Chunk(handle, layout, [(0, 1, b"abc"), (1, 2, b"def")], 0, 0))
+        assert all(isinstance(r, Failed) and "shared memory" in str(r.error) for r in results)
+        assert other.read_bytes() == bytes(layout.size)  # not a byte written
+        assert not _worker._maps
+
+        parent, child = multiprocessing.Pipe()
+        back_r, back_w = os.pipe()
+        channel = _Channel(parent, back_w, Counters(4, 1, False), maps=4)
+        try:
+            m = mmap.mmap(-1, 64)
+            located = [wire.Located(handle, int(np.frombuffer(m, dtype=np.uint8).ctypes.data), 64)]
+            treedef, leaves, handles = wire.encode(np.frombuffer(m, dtype=np.uint8)[:8], located)
+            counts = channel.counters.loader_side()
+            item = channel.to_item(("item", 0, 5, 4, 1, treedef, leaves, handles, counts))
+            assert isinstance(item, Failure) and isinstance(item.error, LoaderError)
+            assert "batch 5: its shared memory is gone" in str(item.error)
+            assert os.read(back_r, 100) == b"R " + handle.name.encode() + b"\n"  # given back
+            assert not slab_mappings()
+            m.close()
+        finally:
+            channel.close()
+            child.close()
+            os.close(back_r)
+    finally:
+        os.close(fd)

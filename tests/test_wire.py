@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from aioloader.decode.segments import SegmentHandle
 from aioloader.errors import ReadError
 from aioloader.wire import Located, SlabRef, decode, encode, pack_error, unpack_error
+
+SLAB = SegmentHandle("aioloader-1-0-abcd", "/proc/1/fd/7", 1, 2)
 
 
 def address(m: mmap.mmap) -> int:
@@ -22,11 +25,11 @@ def address(m: mmap.mmap) -> int:
 
 
 def roundtrip(value: Any, m: mmap.mmap, released: list[int]) -> tuple[Any, list[Any]]:
-    treedef, leaves, names = encode(value, [Located("slab-a", address(m), len(m))])
+    treedef, leaves, handles = encode(value, [Located(SLAB, address(m), len(m))])
     # What the pipe does to the description.
-    treedef, leaves, names = pickle.loads(pickle.dumps((treedef, leaves, names)))
-    assert names in ([], ["slab-a"])
-    return decode(treedef, leaves, [m] * len(names), released.append), leaves
+    treedef, leaves, handles = pickle.loads(pickle.dumps((treedef, leaves, handles)))
+    assert handles in ([], [SLAB])
+    return decode(treedef, leaves, [m] * len(handles), released.append), leaves
 
 
 def inside(x: Any, m: mmap.mmap) -> bool:
@@ -88,8 +91,8 @@ def test_negative_strides_and_overhanging_views_are_pickled() -> None:
     base = np.frombuffer(m, dtype=np.uint8)
     flipped = base[:16][::-1]
     tail = np.lib.stride_tricks.as_strided(base[4000:], shape=(200,), strides=(1,), writeable=False)
-    _, leaves, names = encode([flipped, tail], [Located("slab-a", address(m), 4096)])
-    assert names == [] and leaves[0] is flipped and leaves[1] is tail
+    _, leaves, handles = encode([flipped, tail], [Located(SLAB, address(m), 4096)])
+    assert handles == [] and leaves[0] is flipped and leaves[1] is tail
 
 
 def test_errors_keep_their_path_cause_and_where_they_happened() -> None:

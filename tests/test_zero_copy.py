@@ -2,7 +2,8 @@
 
 The loader learns the layout of a plain function's samples from the first batch; after it,
 workers write each array of a sample into its row of the batch slab, and the batch tensors
-are the slab itself. Whether a tensor views shared memory is read from the outside, in
+are the slab itself. Whether a tensor views shared memory (a ``/memfd:aioloader-...``
+mapping, or a ``/dev/shm/aioloader-...`` one for the fallback) is read from the outside, in
 /proc/self/maps, never from the loader's internals.
 """
 
@@ -15,24 +16,25 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import FailingImage, number_dict, number_image, number_ragged, number_tensor, shm_segments
+from helpers import (
+    FailingImage,
+    number_dict,
+    number_image,
+    number_ragged,
+    number_tensor,
+    shm_segments,
+    slab_mappings,
+)
 
 from aioloader import Loader
 from aioloader.decode.slabs import shm_available
 
-pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
+pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
 
 
 def shm_mappings() -> list[tuple[int, int, str]]:
-    """``(start, end, path)`` of this process's mappings of aioloader's segments."""
-    out = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 6 and parts[5].startswith("/dev/shm/aioloader-"):
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                out.append((start, end, parts[5]))
-    return out
+    """``(start, end, name)`` of this process's mappings of aioloader's slabs."""
+    return slab_mappings()
 
 
 def in_shared_memory(t: torch.Tensor) -> bool:
@@ -56,9 +58,12 @@ def test_plain_function_batches_become_views_of_shared_memory(numbered: list[str
     # layout and come through the pipe; the rest, and the whole second epoch, are the slabs.
     assert all(in_shared_memory(b) for b in epochs[1][:-1])
     assert [in_shared_memory(b) for b in epochs[0]][2:-1] == [True] * 7
-    # Held batches stay valid after close; the segments' names are gone.
-    assert shm_segments() == set()
+    # Held batches stay valid after close; the slabs are closed, and once no batch is held
+    # nothing of them is left in this process.
     assert numbers(epochs[1][3]) == [12, 13, 14, 15]
+    del epochs, batches
+    gc.collect()
+    assert shm_segments() == set() and shm_mappings() == []
 
 
 def test_tensor_outputs_stay_tensors_and_travel_by_shared_memory(numbered: list[str]) -> None:

@@ -6,6 +6,7 @@
 | ``protocol.py`` | what crosses to a worker: the ``Chunk`` task, typed row results, the status table |
 | ``layout.py`` | pure: where samples go in a slab; the layout learned from the samples themselves |
 | ``slabs.py`` | shared-memory batch slabs and their pool |
+| ``segments.py`` | the memory under a slab (memfd, else ``/dev/shm``) and how another process maps it |
 | ``worker.py`` | inside a worker: the installed ``decode``, ``sample_rng``, slab writes, its lifeline |
 | ``pool.py`` | the worker processes: forkserver start in the background, crash recovery, bounded shutdown |
 | ``zygote.py`` | the fork server forked from the trainer before any loader thread; ends with the trainer |

@@ -3,7 +3,8 @@ table.
 
 A :class:`Chunk` is one task: several samples of one batch, each ``(row, dataset index,
 source)``, where the source is ``(offset, length)`` in the slab's input arena (or the bytes
-themselves), plus where outputs may go. A worker answers with one result per sample:
+themselves), plus the slab's handle (a name, a path, an inode: :mod:`.segments`) and where
+outputs may go. A worker answers with one result per sample:
 
 - :class:`Written`: the sample's arrays are in its row of the slab's rows blocks; the plain
   leaves (numbers, strings, ...) come back with it, in leaf order;
@@ -31,6 +32,7 @@ import numpy as np
 
 from ..tree import TreeDef
 from .layout import ArraySpec, SlabLayout
+from .segments import SegmentHandle
 
 __all__ = [
     "ArrayRef",
@@ -50,10 +52,11 @@ Source = tuple[int, int] | bytes
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """One decode task. ``slab`` is the segment's path (None: no slab, results pickled);
-    ``out`` is ``(offset, size)`` of this chunk's share of the output area, if any."""
+    """One decode task. ``slab`` is how to map the batch's slab (None: no slab, results
+    pickled); ``out`` is ``(offset, size)`` of this chunk's share of the output area, if
+    any."""
 
-    slab: str | None
+    slab: SegmentHandle | None
     layout: SlabLayout | None
     items: list[tuple[int, int, Source]]
     seed: int

@@ -1,7 +1,8 @@
 """Shared-memory batch slabs: where file bytes go in and decoded samples come out.
 
-A slab is one shared-memory segment (a file in ``/dev/shm``) that holds a whole batch, laid
-out by :func:`.layout.plan_slab`::
+A slab is one shared-memory segment (:mod:`.segments`: anonymous shared memory on Linux,
+reached by descriptor, else a file in ``/dev/shm``) that holds a whole batch, laid out by
+:func:`.layout.plan_slab`::
 
     [ status table | input arena: the batch's file bytes | rows blocks | output area ]
 
@@ -9,22 +10,25 @@ The reader threads read each file straight into the input arena (``readinto``); 
 decodes from there into the sample's row of each rows block (when the batch's samples share
 the learned layout: the blocks *are* the collated batch, handed out as tensors without a
 copy) or into its chunk's share of the output area (samples then reach the collate as
-views). Only offsets and small metadata cross the process boundary.
+views). Only offsets, small metadata and the slab's handle cross the process boundary.
 
 Slabs are recycled through a free list (the way Caffe's prefetch_free_/prefetch_full_ queues
 recycle buffers). A slab returns to it only when nobody can see it: :meth:`Slab.owner` is
 the array every view handed out derives from, and the slab is released when it is garbage,
 so a trainer that keeps batches never sees them change. The free list is bounded
-(``pooled``); slabs made beyond it while batches are held are one-shot and unlinked on
+(``pooled``); slabs made beyond it while batches are held are one-shot and closed on
 release.
 
-Every segment is registered with multiprocessing's resource tracker before it is made, so a
-trainer killed at any moment, even by SIGKILL, leaves nothing in ``/dev/shm``: the tracker
-unlinks what is still registered once every process holding its pipe is gone, and the
-loader's helpers all end with the trainer (:mod:`aioloader.lifeline`). ``close`` unlinks
-them all at once (memory that a held tensor still maps stays valid until that tensor dies).
-Names carry the maker's pid (``aioloader-<pid>-<n>-<random>``), so ``aioloader doctor`` can
-find those of processes that are gone (a tracker killed too, say).
+Closing a slab makes it unreachable for other processes (its memfd descriptor closed, its
+``/dev/shm`` name unlinked); memory that a held tensor still maps stays valid until that
+tensor dies. A memfd slab is gone with its last holder, so a trainer killed at any moment,
+even by SIGKILL, leaves nothing once its helpers end with it (:mod:`aioloader.lifeline`).
+A ``/dev/shm`` slab is registered with multiprocessing's resource tracker before it is
+made, and the tracker unlinks what is still registered once every process holding its pipe
+is gone. Names carry the maker's pid (``aioloader-<pid>-<n>-<random>``), so ``aioloader
+doctor`` can find ``/dev/shm`` slabs of processes that are gone (a tracker killed too, say),
+and ``/proc/<pid>/maps`` shows whose a memfd mapping is. ``AIOLOADER_SLABS=devshm`` forces
+``/dev/shm`` (see :mod:`.segments`).
 """
 
 from __future__ import annotations
@@ -33,10 +37,8 @@ import itertools
 import mmap
 import os
 import secrets
-import shutil
 import threading
 import weakref
-from multiprocessing import resource_tracker
 from typing import Any
 
 import numpy as np
@@ -44,17 +46,17 @@ import numpy as np
 from ..errors import LoaderError
 from .layout import SampleLayout, SlabLayout, plan_slab
 from .protocol import StatusTable
+from .segments import SHM_DIR, Segment, SegmentHandle, choose_kind
 
 __all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "shm_available"]
 
-#: Where segments are made: a tmpfs, so "files" there are shared memory.
-SHM_DIR = "/dev/shm"
 PREFIX = "aioloader-"
 _ids = itertools.count()
 
 
 def shm_available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+    """Whether slabs can be made here (memfd or ``/dev/shm``, as ``AIOLOADER_SLABS`` says)."""
+    return choose_kind() is not None
 
 
 class Arena:
@@ -86,30 +88,35 @@ class _Owner(np.ndarray):
 
 
 class Slab:
-    """One segment laid out by ``layout``; ``input`` is its input arena and ``status`` its
-    status table (see :mod:`.protocol`)."""
+    """One segment of ``kind`` (see :mod:`.segments`) laid out by ``layout``; ``input`` is
+    its input arena, ``status`` its status table (see :mod:`.protocol`) and ``handle`` how
+    another process maps it."""
 
-    def __init__(self, layout: SlabLayout, pooled: bool) -> None:
+    def __init__(self, layout: SlabLayout, pooled: bool, kind: str) -> None:
         self.layout = layout
         self.pooled = pooled
         #: Set when something may still write into the slab after its batch is abandoned (a
         #: read that timed out, a worker still decoding): such a slab is never reused.
         self.tainted = False
         self.name = f"{PREFIX}{os.getpid()}-{next(_ids)}-{secrets.token_hex(4)}"
-        self.path = os.path.join(SHM_DIR, self.name)
-        self._mmap = _create_segment(self.path, layout.size)
+        self._segment = Segment(self.name, layout.size, kind)
+        self._mmap = self._segment.mmap
+        self.handle: SegmentHandle = self._segment.handle
         #: Where the segment is mapped in this process (to find which slab a view is of).
         self.address = int(np.frombuffer(self._mmap, dtype=np.uint8).ctypes.data)
         view = memoryview(self._mmap)
         self.input = Arena(view[layout.input : layout.input + layout.input_size])
         self._out = Arena(view[layout.out : layout.out + layout.out_size])
         self.status = StatusTable(self._mmap, layout.rows)
-        self.unlinked = False
 
     @property
     def mmap(self) -> mmap.mmap:
         """The whole segment, mapped in this process."""
         return self._mmap
+
+    @property
+    def closed(self) -> bool:
+        return self._segment.closed
 
     def reset(self) -> None:
         """Ready for a new batch: empty arenas, clear status."""
@@ -129,53 +136,10 @@ class Slab:
         weakref.finalize(owner, release, self)
         return owner
 
-    def unlink(self) -> None:
-        """Remove the name (the memory lives on while something maps it)."""
-        if self.unlinked:
-            return
-        self.unlinked = True
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        _untrack(self.path)
-
-
-def _create_segment(path: str, size: int) -> mmap.mmap:
-    # Registered before it exists: a kill between the two steps then leaves the tracker a
-    # name to unlink (or a name that is not there), never a segment it does not know of.
-    _track(path)
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except BaseException:
-        _untrack(path)
-        raise
-    try:
-        # Reserve the pages now: a tmpfs that is too small then fails here with ENOSPC,
-        # instead of a SIGBUS in whichever process first touches a missing page.
-        os.posix_fallocate(fd, 0, max(size, 1))
-        return mmap.mmap(fd, max(size, 1))
-    except OSError as exc:
-        os.unlink(path)
-        _untrack(path)
-        free = shutil.disk_usage(SHM_DIR).free
-        raise LoaderError(
-            f"cannot allocate a {size / 2**20:.1f} MiB shared-memory batch slab in {SHM_DIR} "
-            f"({free / 2**20:.1f} MiB free there): {exc.strerror or exc}. Enlarge {SHM_DIR} "
-            "(e.g. docker run --shm-size=8g) or lower batch_size or prefetch."
-        ) from exc
-    finally:
-        os.close(fd)
-
-
-def _track(path: str) -> None:
-    if os.path.dirname(path) == "/dev/shm":  # the tracker only knows POSIX shm names
-        resource_tracker.register("/" + os.path.basename(path), "shared_memory")
-
-
-def _untrack(path: str) -> None:
-    if os.path.dirname(path) == "/dev/shm":
-        resource_tracker.unregister("/" + os.path.basename(path), "shared_memory")
+    def close(self) -> None:
+        """Unreachable for other processes from now on (the memory lives on while something
+        maps it); idempotent."""
+        self._segment.close()
 
 
 class SlabPool:
@@ -183,12 +147,20 @@ class SlabPool:
 
     ``pooled`` slabs are kept for reuse: enough for every batch the pipeline itself can hold
     (under construction, queued, in the bridge and the hand-off). Past that, while the
-    trainer holds batches, one-shot slabs are made and unlinked when released. A free slab
+    trainer holds batches, one-shot slabs are made and closed when released. A free slab
     that no longer fits what :meth:`want` asks (a new sample layout, bigger files) is
-    unlinked and replaced.
+    closed and replaced. ``kind``: where the segments live (``"memfd"`` or ``"devshm"``);
+    by default as ``AIOLOADER_SLABS`` says, read now (see :mod:`.segments`).
     """
 
-    def __init__(self, rows: int, pooled: int, sample: SampleLayout | None = None) -> None:
+    def __init__(
+        self, rows: int, pooled: int, sample: SampleLayout | None = None, kind: str | None = None
+    ) -> None:
+        if kind is None:
+            kind = choose_kind()
+            if kind is None:
+                raise LoaderError(f"no shared memory for batch slabs here (memfd, {SHM_DIR})")
+        self.kind = kind
         self.rows = rows
         self.pooled = pooled
         self._sample = sample
@@ -235,7 +207,7 @@ class SlabPool:
                 self._pooled_count += 1
             layout = plan_slab(self.rows, self._sample, self._in_size, self._out_size)
         try:
-            slab = Slab(layout, pooled)
+            slab = Slab(layout, pooled, self.kind)
         except BaseException:
             if pooled:
                 with self._lock:
@@ -262,7 +234,7 @@ class SlabPool:
 
     def set_pooled(self, pooled: int) -> None:
         """Keep ``pooled`` slabs for reuse from now on (the pipeline holds more batches or
-        fewer: ``io_concurrency="auto"`` moved); free slabs over it are unlinked now, held
+        fewer: ``io_concurrency="auto"`` moved); free slabs over it are closed now, held
         ones when they come back."""
         with self._lock:
             self.pooled = pooled
@@ -278,10 +250,10 @@ class SlabPool:
         self._all.pop(slab.name, None)
         if slab.pooled:
             self._pooled_count -= 1
-        slab.unlink()
+        slab.close()
 
     def close(self) -> None:
-        """Unlink every segment; idempotent."""
+        """Close every segment (what held batches map stays valid); idempotent."""
         with self._lock:
             self._closed = True
             slabs = list(self._all.values())
@@ -289,4 +261,4 @@ class SlabPool:
             self._free.clear()
             self._pooled_count = 0
         for slab in slabs:
-            slab.unlink()
+            slab.close()

@@ -106,7 +106,7 @@ class DecodeStage:
         chunk's share of the slab's output area. Raises only for the whole loader
         (:class:`~aioloader.WorkerCrashedError`) or on cancellation."""
         chunk = Chunk(
-            slab.path if slab else None, slab.layout if slab else None, items, self._seed, epoch, out
+            slab.handle if slab else None, slab.layout if slab else None, items, self._seed, epoch, out
         )
         outcomes: dict[int, Outcome] = {}
         crashes: dict[int, int] = {}

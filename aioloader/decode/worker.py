@@ -9,6 +9,13 @@ sample has the slab's rows layout, else into the chunk's share of the output are
 :mod:`.layout` and :mod:`.protocol`). It never raises: each sample's failure comes back as
 data with the worker's traceback, and an exception that cannot be pickled is replaced by
 one that can. Imports NumPy only; torch only if the decoder itself did.
+
+A worker maps each slab once, through the handle the chunk carries (the loader's
+``/proc/<pid>/fd/<fd>`` for a memfd, see :mod:`.segments`), and keeps the mapping under the
+slab's unique name. A slab that cannot be mapped, or whose descriptor is now another file
+(a chunk of an abandoned slab still queued after the loader closed it and reused the fd
+number), is never written: every row of the chunk comes back as a failure, which the loader
+ignores for an abandoned batch.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from .. import lifeline, sendable
 from . import forking
 from .layout import ALIGN, ArraySpec, SlabLayout, describe
 from .protocol import ArrayRef, Chunk, Failed, InArea, Pickled, RowResult, StatusTable, Written
+from .segments import SegmentHandle, attach
 
 __all__ = ["decode_chunk", "run_chunk", "sample_rng", "warm_up", "worker_init"]
 
@@ -39,8 +47,9 @@ _decode: Callable[[bytes], Any] | None = None
 # its generator. Thread-local because the loader's own process also decodes on a thread
 # while its workers start (hot start), beside the trainer's own sample_rng() calls.
 _local = threading.local()
-# Slabs this worker has mapped, most recent last. Bounded: a one-shot slab the parent has
-# unlinked is freed only once every process unmaps it.
+# Slabs this worker has mapped, by name (unique, unlike a /proc/<pid>/fd/<n> path), most
+# recent last. Bounded: a one-shot slab the loader has closed is freed only once every
+# process unmaps it.
 _maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 _MAX_MAPS = 24
 
@@ -102,17 +111,13 @@ def _check_loaded() -> None:
         raise NotLoaded(_not_loaded)
 
 
-def _attach(path: str) -> mmap.mmap:
-    m = _maps.get(path)
+def _attach(handle: SegmentHandle) -> mmap.mmap:
+    m = _maps.get(handle.name)
     if m is not None:
-        _maps.move_to_end(path)
+        _maps.move_to_end(handle.name)
         return m
-    fd = os.open(path, os.O_RDWR)
-    try:
-        m = mmap.mmap(fd, 0)
-    finally:
-        os.close(fd)
-    _maps[path] = m
+    m = attach(handle)  # checks the file is that slab: fd numbers are reused
+    _maps[handle.name] = m
     while len(_maps) > _MAX_MAPS:
         _, old = _maps.popitem(last=False)
         try:
@@ -125,7 +130,13 @@ def _attach(path: str) -> mmap.mmap:
 def run_chunk(chunk: Chunk) -> list[RowResult]:
     """Decode ``chunk`` with the installed ``decode`` (the task a worker runs)."""
     _check_loaded()
-    m = _attach(chunk.slab) if chunk.slab is not None else None
+    if chunk.slab is None:
+        return decode_chunk(None, chunk, _decode)
+    try:
+        m = _attach(chunk.slab)
+    except OSError as exc:  # nothing is written: the slab may be another one's fd by now
+        error = OSError(exc.errno, f"cannot map the batch's shared memory in the worker: {exc}")
+        return [Failed(error, "") for _ in chunk.items]
     return decode_chunk(m, chunk, _decode)
 
 
