@@ -141,19 +141,12 @@ def search(
 
 
 def describe_aioloader() -> str:
+    from userfns import git_describe  # benchmarks/ is on sys.path (inside())
+
     import aioloader
 
     root = Path(aioloader.__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    return f"aioloader from {root} (git {commit})"
+    return f"aioloader from {root} (git {git_describe(root)})"
 
 
 def inside(args: argparse.Namespace) -> None:

@@ -57,7 +57,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -76,6 +75,7 @@ from userfns import (
     PeerDataset,
     TimedRead,
     batch_len,
+    git_describe,
     make_small_files,
     random_crop,
     random_crop_dict,
@@ -217,16 +217,7 @@ def machine() -> list[str]:
             mem_gb = kb / 2**20
     except (OSError, StopIteration, ValueError):
         pass
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(here), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    commit = git_describe(Path(__file__).resolve().parent)
     try:
         loop = f"uvloop {importlib.metadata.version('uvloop')}"
     except importlib.metadata.PackageNotFoundError:

@@ -15,6 +15,7 @@ import argparse
 import io
 import math
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -238,3 +239,16 @@ def image_folder(args: argparse.Namespace) -> Path:
 
     folder = Path(args.data_dir) / f"{args.images}img_10cls_500x375"
     return make_image_folder(folder, num_images=args.images, num_classes=10, size=(500, 375))
+
+
+def git_describe(folder: Path) -> str:
+    """``git describe --always --dirty`` of the checkout ``folder`` is in, or "unknown"."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(folder), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
