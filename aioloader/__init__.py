@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .bottleneck import Bottleneck
-from .dataset import IMAGE_EXTENSIONS, FileDataset
-from .decode.image import ImageDecoder
-from .decode.worker import sample_rng
-from .errors import (
+from aioloader.dataset import IMAGE_EXTENSIONS, FileDataset
+from aioloader.decode.image import ImageDecoder
+from aioloader.decode.worker import sample_rng
+from aioloader.errors import (
     DecodeError,
     LoaderClosedError,
     LoaderError,
@@ -26,12 +25,13 @@ from .errors import (
     SampleError,
     WorkerCrashedError,
 )
-from .stages import StageStats
-from .stats import LoaderStats
+from aioloader.observe.bottleneck import Bottleneck
+from aioloader.observe.stages import StageStats
+from aioloader.observe.stats import LoaderStats
 
 if TYPE_CHECKING:
-    from .collate import default_collate
-    from .loader import Loader
+    from aioloader.collate import default_collate
+    from aioloader.loader import Loader
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .tree import flatten, unflatten
+from aioloader.base.tree import flatten, unflatten
 
 __all__ = ["collate_leaves", "default_collate"]
 

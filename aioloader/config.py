@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 import torch
 
-from . import sendable
-from .backends import StorageBackend, resolve
+from aioloader.base import sendable
+from aioloader.read.backends import StorageBackend, resolve
 
 __all__ = ["AUTO_IO_START", "LoaderConfig", "resolve_device", "resolve_rank", "usable_cpus"]
 
@@ -138,9 +138,9 @@ class LoaderConfig:
     loader_process: bool = False
     #: fsspec options for remote URLs; never shown (credentials).
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
-    #: the client of remote reads (:mod:`aioloader.backends`).
+    #: the client of remote reads (:mod:`aioloader.read.backends`).
     storage_backend: StorageBackend = "auto"
-    #: a progress bar per epoch (:mod:`aioloader.progressbar`).
+    #: a progress bar per epoch (:mod:`aioloader.observe.progressbar`).
     progress: bool | Literal["always"] = False
     #: ``io_concurrency="auto"``: ``io_concurrency`` is where the tuner starts.
     io_auto: bool = False

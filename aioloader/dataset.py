@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .pathtable import PathTableBuilder
-from .remote import is_remote, list_folder, local_path, redact, scheme
+from aioloader.pathtable import PathTableBuilder
+from aioloader.read.remote import is_remote, list_folder, local_path, redact, scheme
 
 __all__ = ["IMAGE_EXTENSIONS", "FileDataset"]
 

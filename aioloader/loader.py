@@ -1,8 +1,8 @@
 """``Loader``: the public front-ends (``for``, ``async for``, ``with``, ``async with``) over
 the one engine.
 
-The loader owns a lifecycle state and, once started, a :class:`~aioloader.runtime.Runtime`.
-Both iterators (:mod:`aioloader.cursor`) read the same hand-off the bridging thread fills:
+The loader owns a lifecycle state and, once started, a :class:`~aioloader.run.runtime.Runtime`.
+Both iterators (:mod:`aioloader.run.cursor`) read the same hand-off the bridging thread fills:
 the sync one blocks on it, the async one awaits it on the caller's loop. Neither runs any
 pipeline logic of its own.
 """
@@ -20,20 +20,20 @@ from typing import Any, Literal
 
 import torch
 
-from . import sigterm
-from .backends import StorageBackend
-from .config import LoaderConfig, OnError
-from .cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
-from .dataset import FileDataset, StrPath
-from .decode.image import ImageDecoder
-from .errors import LoaderClosedError
-from .procruntime import NoZygote, ProcessRuntime
-from .progressbar import make_bar
-from .resume import Progress, ResumePoint, check_state, make_state, plan_for
-from .runtime import Runtime
-from .sampler import num_batches, shard_size
-from .stats import Counters, LoaderStats
-from .threads import in_thread
+from aioloader.base.threads import in_thread
+from aioloader.config import LoaderConfig, OnError
+from aioloader.dataset import FileDataset, StrPath
+from aioloader.decode.image import ImageDecoder
+from aioloader.errors import LoaderClosedError
+from aioloader.observe.progressbar import make_bar
+from aioloader.observe.stats import Counters, LoaderStats
+from aioloader.plan.resume import Progress, ResumePoint, check_state, make_state, plan_for
+from aioloader.plan.sampler import num_batches, shard_size
+from aioloader.read.backends import StorageBackend
+from aioloader.run.cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
+from aioloader.run.procruntime import NoZygote, ProcessRuntime
+from aioloader.run.runtime import Runtime
+from aioloader.safety import sigterm
 
 __all__ = ["CLOSED_MESSAGE", "Loader", "State"]
 
@@ -140,7 +140,7 @@ class Loader:
         storage_backend: the client of those reads: ``"auto"`` (with ``loader_process=True``,
             obstore for ``s3://`` and ``http(s)://`` where it is installed and can take the
             options; else fsspec), ``"fsspec"``, or ``"obstore"`` (needs
-            ``loader_process=True``). See :mod:`aioloader.backends`.
+            ``loader_process=True``). See :mod:`aioloader.read.backends`.
         progress: a progress bar per epoch on stderr (tqdm): batches, samples/s, MB/s and
             the share of time the trainer waited. ``True`` draws it only when stderr is a
             terminal; ``"always"`` draws it anyway (a log file).
@@ -279,7 +279,7 @@ class Loader:
         iterating starts them lazily otherwise. Returns self.
 
         Until the last open loader closes, the objects that exist now are frozen out of the
-        cyclic garbage collector (:mod:`aioloader.gcfreeze`): a full collection would
+        cyclic garbage collector (:mod:`aioloader.safety.gcfreeze`): a full collection would
         otherwise stall every thread of the process, the trainer's included."""
         self._runtime_or_start()
         return self
@@ -351,7 +351,7 @@ class Loader:
     # -- resumption -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable snapshot of where this rank is in its epoch (batches the
-        trainer has received; prefetched ones are not counted). See :mod:`aioloader.resume`."""
+        trainer has received; prefetched ones are not counted). See :mod:`aioloader.plan.resume`."""
         progress = self._progress
         if progress is None or (self._epoch_set and progress.epoch != self._epoch):
             progress = Progress(self._epoch, len(self))  # the next iteration starts this epoch afresh
@@ -403,6 +403,6 @@ def _start_runtime(
                 "loader_process=True: no zygote can be made in this process (not POSIX, an "
                 "unsupported Python, or loader threads already running); loading in-process"
             )
-            # obstore's runtime would outlive close() here (aioloader/backends.py)
+            # obstore's runtime would outlive close() here (aioloader/read/backends.py)
             config = dataclasses.replace(config, storage_backend="fsspec")
     return Runtime(config, dataset, counters)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .progressbar import terminal_bar
+from aioloader.observe.progressbar import terminal_bar
 
 __all__ = ["make_image", "make_image_folder"]
 

@@ -3,7 +3,7 @@ finds it, with DataLoader beside them in the same run.
 
 For each read latency (0: the page-cached folder, read by the real reader; N: every read
 sleeps N ms first, ``userfns.TimedRead``, standing for network storage) it runs
-:func:`aioloader.tune.tune`'s sweep ``--rounds`` times: a loader left on ``"auto"`` (both
+:func:`aioloader.cli.tune.tune`'s sweep ``--rounds`` times: a loader left on ``"auto"`` (both
 settings), then ``io_concurrency`` over 8..512 with every usable CPU decoding, then
 ``num_workers`` at the best of those; each setting for ``--seconds`` after its first batch,
 the median of the rounds kept. DataLoader (``num_workers`` = usable CPUs, reading and
@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader
 from userfns import PeerDataset, TimedRead, add_folder_args, batch_len, image_folder, random_crop
 
 from aioloader import FileDataset, Loader
-from aioloader.bench import _measure
+from aioloader.cli.measure import measure
+from aioloader.cli.tune import Setting, tune
 from aioloader.config import usable_cpus
-from aioloader.tune import Setting, tune
 
 
 def dataloader_rate(files: FileDataset, latency_ms: float, seconds: float, workers: int) -> float:
@@ -48,7 +48,7 @@ def dataloader_rate(files: FileDataset, latency_ms: float, seconds: float, worke
     )
     samples, took = 0, 0.0
     for _ in range(4):  # its first batch alone may outlast ``seconds`` on slow storage
-        samples, took, _ = _measure(peer, seconds, batch_len, "DataLoader")
+        samples, took, _ = measure(peer, seconds, batch_len, "DataLoader")
         if samples:
             break
         seconds *= 2

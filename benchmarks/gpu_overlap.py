@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from aioloader import Loader
-from aioloader.device import DeviceCopier
+from aioloader.run.device import DeviceCopier
 
 SHAPE = (3, 224, 224)
 

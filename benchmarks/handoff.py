@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 
-from aioloader.handoff import Closed, Handoff
+from aioloader.run.handoff import Closed, Handoff
 
 
 def bench_handoff_sync(n: int) -> float:

@@ -27,7 +27,7 @@ import sys
 import time
 
 from aioloader import FileDataset
-from aioloader.sampler import epoch_order
+from aioloader.plan.sampler import epoch_order
 
 
 def rss_bytes() -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 from remote import proc_cpu  # benchmarks/remote.py, beside this script
 
 from aioloader import FileDataset
-from aioloader.remote import list_folder
+from aioloader.read.remote import list_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers import control, start_moto, start_proxy

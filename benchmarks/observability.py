@@ -25,8 +25,8 @@ from typing import Any
 from userfns import add_folder_args, batch_len, image_folder, random_crop
 
 from aioloader import FileDataset, Loader
-from aioloader.stages import StageMeter
-from aioloader.stats import Counters
+from aioloader.observe.stages import StageMeter
+from aioloader.observe.stats import Counters
 
 
 @contextlib.contextmanager

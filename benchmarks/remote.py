@@ -37,8 +37,8 @@ from torch.utils.data import DataLoader
 from userfns import FsspecRead, PeerDataset, add_folder_args, batch_len, image_folder, random_crop, read_file
 
 from aioloader import FileDataset, Loader
-from aioloader.backends import StorageBackend
 from aioloader.config import usable_cpus
+from aioloader.read.backends import StorageBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers import Server, control, s3_client, start_file_server, start_moto, start_proxy

@@ -1,4 +1,4 @@
-"""The autotuner's decisions, pure (:mod:`aioloader.autotune`): reads in flight by Little's
+"""The autotuner's decisions, pure (:mod:`aioloader.tune.rules`): reads in flight by Little's
 law, bounded and judged by what growth bought; decoders leaving the trainer's CPUs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from aioloader.autotune import (
+from aioloader.tune.rules import (
     HOLD_TICKS,
     MIN_READS,
     IoTuner,
@@ -17,7 +17,7 @@ from aioloader.autotune import (
     memory_cap,
     process_cpu_seconds,
 )
-from aioloader.tuner import io_floor, memory_budget, trainer_pids
+from aioloader.tune.tuner import io_floor, memory_budget, trainer_pids
 
 
 def reads_bound(limit: int, latency: float, seconds: float = 0.5, decode_busy: float = 0.25) -> IoWindow:

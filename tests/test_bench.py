@@ -13,9 +13,9 @@ import pytest
 from helpers import script_env
 
 from aioloader.cli import main
+from aioloader.cli.tune import IO_SWEEP, worker_sweep
 from aioloader.config import usable_cpus
-from aioloader.trace import chrome_trace, lanes
-from aioloader.tune import IO_SWEEP, worker_sweep
+from aioloader.observe.trace import chrome_trace, lanes
 
 STAGE_NAMES = {"read", "decode", "collate", "transfer", "trainer"}
 

@@ -14,7 +14,7 @@ import pytest
 from helpers import SlowDecode, decode_number
 
 from aioloader import Loader
-from aioloader.stats import WINDOW
+from aioloader.observe.stats import WINDOW
 
 
 @pytest.fixture(params=[False, True], ids=["thread", "process"])

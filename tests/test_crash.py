@@ -30,7 +30,8 @@ from helpers import (
     write_numbered_files,
 )
 
-from aioloader import Loader, lifeline, sigterm
+from aioloader import Loader
+from aioloader.safety import lifeline, sigterm
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +94,7 @@ def test_without_the_zygote_or_from_a_thread_nothing_is_left(
 def test_a_lifeline_pipe_ends_its_process_when_the_writer_is_gone() -> None:
     r, w = os.pipe()
     code = (
-        "import sys, time; from aioloader import lifeline; "
+        "import sys, time; from aioloader.safety import lifeline; "
         "lifeline.exit_when_closed(int(sys.argv[1])); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(r)], pass_fds=[r], env=script_env())
@@ -114,7 +115,7 @@ PARENT = """
 import os, subprocess, sys, time
 # The child asks to die with this process, then reports and sleeps.
 code = (
-    "import os, sys, time; from aioloader import lifeline; "
+    "import os, sys, time; from aioloader.safety import lifeline; "
     "print(lifeline.die_with_parent(int(sys.argv[1])), os.getpid(), flush=True); time.sleep(60)"
 )
 child = subprocess.Popen([sys.executable, "-c", code, str(os.getpid())])

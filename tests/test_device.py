@@ -14,8 +14,8 @@ from helpers import decode_number, flatten
 
 import aioloader
 from aioloader import FileDataset, Loader
-from aioloader.device import DeviceCopier, PinnedPool, map_tensors
-from aioloader.items import Batch
+from aioloader.base.items import Batch
+from aioloader.run.device import DeviceCopier, PinnedPool, map_tensors
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 Pair = namedtuple("Pair", "a b")

@@ -17,7 +17,7 @@ from frontends import Driver
 from helpers import FailOn, write_numbered_files
 
 from aioloader import Loader, LoaderError, ReadError, SampleError
-from aioloader.failures import (
+from aioloader.engine.failures import (
     MIN_ATTEMPTED,
     FailurePolicy,
     give_up_message,
@@ -25,7 +25,7 @@ from aioloader.failures import (
     over_limit,
     reaches_minimum,
 )
-from aioloader.stats import Counters
+from aioloader.observe.stats import Counters
 
 
 @pytest.fixture(scope="module")

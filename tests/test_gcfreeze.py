@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 from helpers import decode_number
 
-from aioloader import Loader, gcfreeze
+from aioloader import Loader
+from aioloader.safety import gcfreeze
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +56,7 @@ def test_open_loaders_freeze_until_the_last_closes(numbered: list[str]) -> None:
 
 
 def test_a_loader_that_fails_to_start_releases(numbered: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from aioloader import runtime
+    from aioloader.run import runtime
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("cannot start")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from aioloader.handoff import Closed, Handoff
+from aioloader.run.handoff import Closed, Handoff
 
 
 def test_fifo_across_threads() -> None:

@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from aioloader import sample_rng
-from aioloader.assemble import view_array
+from aioloader.base.tree import LEAF, flatten, map_leaves, unflatten
 from aioloader.decode import worker as _worker
 from aioloader.decode.layout import LayoutTracker, SampleLayout, array_spec, describe, plan_slab
 from aioloader.decode.protocol import ArrayRef, Chunk, Failed, InArea, Pickled, StatusTable, Written
 from aioloader.decode.segments import SegmentHandle
-from aioloader.tree import LEAF, flatten, map_leaves, unflatten
+from aioloader.engine.assemble import view_array
 
 Point = collections.namedtuple("Point", "x y")
 

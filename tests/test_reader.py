@@ -15,7 +15,7 @@ import pytest
 from helpers import write_numbered_files
 
 from aioloader import LoaderTimeoutError, ReadError
-from aioloader.reader import FileReader, ReadPace
+from aioloader.read.reader import FileReader, ReadPace
 
 
 class Recording:

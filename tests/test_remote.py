@@ -18,7 +18,7 @@ from helpers import decode_number
 from servers import control, s3_client
 
 from aioloader import FileDataset, Loader, LoaderError, LoaderTimeoutError, ReadError
-from aioloader.backends import choose, obstore_kwargs, resolve, tokio_started
+from aioloader.read.backends import choose, obstore_kwargs, resolve, tokio_started
 
 pytest.importorskip("fsspec")
 
@@ -32,7 +32,7 @@ pytest.importorskip("fsspec")
     ids=["thread", "process-obstore", "process-fsspec"],
 )
 def where(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Where the reads run, and through which client (``aioloader.backends``)."""
+    """Where the reads run, and through which client (``aioloader.read.backends``)."""
     if request.param.get("storage_backend") == "obstore":
         pytest.importorskip("obstore")
     return dict(request.param)
@@ -389,7 +389,7 @@ def test_obstore_errors_are_classified_like_fsspecs() -> None:
     import errno
 
     exceptions = pytest.importorskip("obstore.exceptions")
-    from aioloader.remote import RemoteReadError, RemoteStore
+    from aioloader.read.remote import RemoteReadError, RemoteStore
 
     store = RemoteStore(None, 8)
     url = "http://127.0.0.1:1/1.bin"

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from aioloader.config import LoaderConfig, resolve_rank
-from aioloader.resume import Progress, ResumePoint, check_state, make_state, plan_for
-from aioloader.sampler import plan_epoch, plan_remainder
+from aioloader.plan.resume import Progress, ResumePoint, check_state, make_state, plan_for
+from aioloader.plan.sampler import plan_epoch, plan_remainder
 
 
 def config(**kw: object) -> LoaderConfig:
@@ -186,8 +186,8 @@ def test_rank_and_world_size_are_validated_and_default_to_one_process() -> None:
 def test_repacker_cuts_survivors_into_full_batches_and_tracks_done_batches() -> None:
     import torch
 
-    from aioloader.items import Batch
-    from aioloader.repack import Repacker
+    from aioloader.base.items import Batch
+    from aioloader.plan.repack import Repacker
 
     def batch(k: int, rows: list[int]) -> Batch:
         return Batch(index=k, value=(torch.tensor(rows), [f"s{r}" for r in rows]), size=len(rows))

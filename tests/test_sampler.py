@@ -1,4 +1,4 @@
-"""aioloader.sampler: epoch order, sharding, batching. Pure functions, no event loop."""
+"""aioloader.plan.sampler: epoch order, sharding, batching. Pure functions, no event loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from aioloader.sampler import EpochPlan, epoch_order, num_batches, plan_epoch, shard
+from aioloader.plan.sampler import EpochPlan, epoch_order, num_batches, plan_epoch, shard
 
 SIZES = [1, 2, 7, 37, 64, 100]
 WORLD_SIZES = [1, 2, 3, 4, 5]

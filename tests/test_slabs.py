@@ -29,15 +29,16 @@ from helpers import (
 )
 
 import aioloader
-from aioloader import FileDataset, Loader, LoaderError, wire
+from aioloader import FileDataset, Loader, LoaderError
+from aioloader.base.items import Failure
 from aioloader.decode import worker as _worker
 from aioloader.decode.layout import SampleLayout
 from aioloader.decode.protocol import Chunk, Failed
 from aioloader.decode.segments import ENV, SegmentGone, attach
 from aioloader.decode.slabs import SlabPool, shm_available
-from aioloader.items import Failure
-from aioloader.procruntime import _Channel
-from aioloader.stats import Counters
+from aioloader.observe.stats import Counters
+from aioloader.run import wire
+from aioloader.run.procruntime import _Channel
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
 

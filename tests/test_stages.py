@@ -1,5 +1,5 @@
-"""Pure: the stage meters (``aioloader.stages``) and the bottleneck rule
-(``aioloader.bottleneck``), no event loop. The constructed cases with real loaders are in
+"""Pure: the stage meters (``aioloader.observe.stages``) and the bottleneck rule
+(``aioloader.observe.bottleneck``), no event loop. The constructed cases with real loaders are in
 test_bottleneck.py."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from aioloader.bottleneck import WAIT_SHARE, Bottleneck, diagnose
-from aioloader.stages import StageMeter, StageStats, between, utilization
-from aioloader.stats import Counters
+from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, diagnose
+from aioloader.observe.stages import StageMeter, StageStats, between, utilization
+from aioloader.observe.stats import Counters
 
 
 def stage(name: str, mean: float, capacity: int = 1, busy: float = 0.5, p50: float = 2.0) -> StageStats:

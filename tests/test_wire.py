@@ -1,4 +1,4 @@
-"""How a batch crosses from the loader process (aioloader/wire.py), without processes: a real
+"""How a batch crosses from the loader process (aioloader/run/wire.py), without processes: a real
 shared mapping stands in for a slab, and each leaf must come back as the same values, in the
 same kind of array, viewing that memory (or pickled where it cannot)."""
 
@@ -15,7 +15,7 @@ import torch
 
 from aioloader.decode.segments import SegmentHandle
 from aioloader.errors import ReadError
-from aioloader.wire import Located, SlabRef, decode, encode, pack_error, unpack_error
+from aioloader.run.wire import Located, SlabRef, decode, encode, pack_error, unpack_error
 
 SLAB = SegmentHandle("aioloader-1-0-abcd", "/proc/1/fd/7", 1, 2)
 

@@ -23,14 +23,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .image import ImageDecoder
+    from aioloader.decode.image import ImageDecoder
 
 __all__ = ["ImageDecoder"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "ImageDecoder":
-        from .image import ImageDecoder
+        from aioloader.decode.image import ImageDecoder
 
         return ImageDecoder
     raise AttributeError(f"module 'aioloader.decode' has no attribute {name!r}")

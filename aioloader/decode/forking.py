@@ -8,7 +8,7 @@ there by reference. A fork server whose main module differs by path re-runs it: 
 normalised path, so every worker ran the script's top level again (a script without an
 ``if __name__ == "__main__":`` guard then made a loader inside each worker, and hung).
 
-aioloader needs none of that: every callable it sends goes by value (:mod:`aioloader.sendable`),
+aioloader needs none of that: every callable it sends goes by value (:mod:`aioloader.base.sendable`),
 and the zygote already holds the trainer's ``__main__``. The Popen classes here send the
 preparation data without the main module, for the zygote's children and for the stock fork
 server's alike, so no helper ever imports or runs the script, however it was started
@@ -27,8 +27,8 @@ from multiprocessing import context as mpcontext
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
-from .. import lifeline
-from ..errors import LoaderError
+from aioloader.errors import LoaderError
+from aioloader.safety import lifeline
 
 __all__ = ["StockContext", "become", "preparation_data", "refuse_loader_here", "role"]
 
@@ -87,7 +87,7 @@ class StockContext(mpcontext.ForkServerContext):
 def become(what: str) -> None:
     """Record that this process is aioloader's ``what`` (``"zygote"``, ``"worker"``,
     ``"loader"``; inherited by what it forks) and name it ``aioloader-<what>`` where
-    ``ps`` and ``top`` look (:func:`~aioloader.lifeline.name_process`). Call it first:
+    ``ps`` and ``top`` look (:func:`~aioloader.safety.lifeline.name_process`). Call it first:
     threads started afterwards inherit the name."""
     global _role
     _role = what

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-from .worker import sample_rng
+from aioloader.decode.worker import sample_rng
 
 __all__ = ["ImageDecoder"]
 

@@ -1,6 +1,6 @@
 """Where decoded samples go in a batch slab, learned from the samples themselves (pure).
 
-A decoded sample is a tree (:mod:`aioloader.tree`) whose leaves are *arrays* (NumPy arrays
+A decoded sample is a tree (:mod:`aioloader.base.tree`) whose leaves are *arrays* (NumPy arrays
 of a numeric dtype, CPU torch tensors) or plain values (numbers, strings, ``None``, ...).
 Its :class:`SampleLayout` is the tree's structure plus an :class:`ArraySpec` (shape, dtype,
 numpy or torch) per array leaf. When every sample of a batch has the same layout, each
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..tree import LEAF, TreeDef, flatten
+from aioloader.base.tree import LEAF, TreeDef, flatten
 
 __all__ = [
     "ArraySpec",

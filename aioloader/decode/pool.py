@@ -26,10 +26,10 @@ from multiprocessing.context import BaseContext
 from types import ModuleType
 from typing import Any
 
-from ..errors import LoaderError, WorkerCrashedError
-from . import forking, zygote
-from . import worker as _worker
-from .protocol import Chunk, RowResult
+from aioloader.decode import forking, zygote
+from aioloader.decode import worker as _worker
+from aioloader.decode.protocol import Chunk, RowResult
+from aioloader.errors import LoaderError, WorkerCrashedError
 
 __all__ = ["Breakage", "DecodePool", "describe_deaths", "mp_context"]
 
@@ -98,7 +98,7 @@ class DecodePool:
         max_restarts: int = 3,
         name: str = "decode",
     ) -> None:
-        """``decode``: the decode function pickled by value (:mod:`aioloader.sendable`),
+        """``decode``: the decode function pickled by value (:mod:`aioloader.base.sendable`),
         unpickled once by each worker; ``name`` says what it is in errors."""
         self.num_workers = num_workers
         self.max_restarts = max_restarts

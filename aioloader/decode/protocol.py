@@ -30,9 +30,9 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from ..tree import TreeDef
-from .layout import ArraySpec, SlabLayout
-from .segments import SegmentHandle
+from aioloader.base.tree import TreeDef
+from aioloader.decode.layout import ArraySpec, SlabLayout
+from aioloader.decode.segments import SegmentHandle
 
 __all__ = [
     "ArrayRef",

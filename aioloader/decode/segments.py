@@ -39,7 +39,7 @@ import sys
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 
-from ..errors import LoaderError
+from aioloader.errors import LoaderError
 
 __all__ = [
     "ENV",

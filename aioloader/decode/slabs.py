@@ -22,7 +22,7 @@ release.
 Closing a slab makes it unreachable for other processes (its memfd descriptor closed, its
 ``/dev/shm`` name unlinked); memory that a held tensor still maps stays valid until that
 tensor dies. A memfd slab is gone with its last holder, so a trainer killed at any moment,
-even by SIGKILL, leaves nothing once its helpers end with it (:mod:`aioloader.lifeline`).
+even by SIGKILL, leaves nothing once its helpers end with it (:mod:`aioloader.safety.lifeline`).
 A ``/dev/shm`` slab is registered with multiprocessing's resource tracker before it is
 made, and the tracker unlinks what is still registered once every process holding its pipe
 is gone. Names carry the maker's pid (``aioloader-<pid>-<n>-<random>``), so ``aioloader
@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LoaderError
-from .layout import SampleLayout, SlabLayout, plan_slab
-from .protocol import StatusTable
-from .segments import SHM_DIR, Segment, SegmentHandle, choose_kind
+from aioloader.decode.layout import SampleLayout, SlabLayout, plan_slab
+from aioloader.decode.protocol import StatusTable
+from aioloader.decode.segments import SHM_DIR, Segment, SegmentHandle, choose_kind
+from aioloader.errors import LoaderError
 
 __all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "shm_available"]
 

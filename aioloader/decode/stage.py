@@ -25,13 +25,13 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from ..errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
-from ..stages import StageMeter
-from .pool import DecodePool, describe_deaths
-from .protocol import Chunk, Failed, RowResult, Source
-from .slabs import Slab
-from .slots import OrderedSlots
-from .worker import NotLoaded, decode_chunk
+from aioloader.decode.pool import DecodePool, describe_deaths
+from aioloader.decode.protocol import Chunk, Failed, RowResult, Source
+from aioloader.decode.slabs import Slab
+from aioloader.decode.slots import OrderedSlots
+from aioloader.decode.worker import NotLoaded, decode_chunk
+from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
+from aioloader.observe.stages import StageMeter
 
 __all__ = ["DecodeStage", "Outcome"]
 

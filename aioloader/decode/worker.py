@@ -34,11 +34,21 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from .. import lifeline, sendable
-from . import forking
-from .layout import ALIGN, ArraySpec, SlabLayout, describe
-from .protocol import ArrayRef, Chunk, Failed, InArea, Pickled, RowResult, StatusTable, Written
-from .segments import SegmentHandle, attach
+from aioloader.base import sendable
+from aioloader.decode import forking
+from aioloader.decode.layout import ALIGN, ArraySpec, SlabLayout, describe
+from aioloader.decode.protocol import (
+    ArrayRef,
+    Chunk,
+    Failed,
+    InArea,
+    Pickled,
+    RowResult,
+    StatusTable,
+    Written,
+)
+from aioloader.decode.segments import SegmentHandle, attach
+from aioloader.safety import lifeline
 
 __all__ = ["decode_chunk", "run_chunk", "sample_rng", "warm_up", "worker_init"]
 
@@ -78,9 +88,9 @@ _not_loaded: str | None = None
 
 
 def worker_init(decode: bytes) -> None:
-    """Pool initialiser: install ``decode`` (pickled by value, :mod:`aioloader.sendable`);
+    """Pool initialiser: install ``decode`` (pickled by value, :mod:`aioloader.base.sendable`);
     leave Ctrl-C to the parent; end with the trainer's process (see
-    :mod:`aioloader.lifeline`). A ``decode`` that does not unpickle here is reported by
+    :mod:`aioloader.safety.lifeline`). A ``decode`` that does not unpickle here is reported by
     every task (:class:`NotLoaded`), not by an initialiser that kills the worker."""
     global _decode, _not_loaded
     forking.become("worker")

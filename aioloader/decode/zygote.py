@@ -14,7 +14,7 @@ multiprocessing's own fork-server loop; workers are forked from it in millisecon
 shared by every loader of the process, like the stock fork server, and exits when the
 trainer's process does, however it ends: its "alive" pipe, whose write end only the trainer
 holds, reaches end of file, and on Linux the kernel kills it too (see
-:mod:`aioloader.lifeline`).
+:mod:`aioloader.safety.lifeline`).
 
 Where it cannot be made (not POSIX, a Python whose fork-server internals differ, a loader
 thread already running), :func:`context` returns None and workers come from the stock
@@ -42,8 +42,8 @@ from multiprocessing import (
 from multiprocessing import context as mpcontext
 from typing import Any
 
-from .. import lifeline
-from . import forking
+from aioloader.decode import forking
+from aioloader.safety import lifeline
 
 __all__ = ["address", "adopt", "context", "pid"]
 

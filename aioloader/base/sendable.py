@@ -1,0 +1,59 @@
+"""Callables sent by value to the processes that run them.
+
+``decode`` runs in worker processes, and with ``loader_process=True`` ``read`` and
+``collate`` run in the loader process. Plain pickle sends a function by reference (module
+and name), so the receiving process must find it there: a lambda or a closure cannot be
+sent at all, and a function defined in ``__main__`` (a notebook cell, a script) is looked up
+in the receiver's copy of ``__main__``, which, in a process forked earlier, is a stale
+snapshot: an edited cell ran its old definition, and a function defined after the first
+loader started was missing.
+
+cloudpickle, the library Ray, Dask and loky use for exactly this, sends what cannot be found
+by reference (``__main__``, lambdas, closures, classes defined in a notebook) by value and
+everything importable by reference. Each loader pickles its callables once, when it is made
+(:func:`dumps`), so one that cannot be sent at all (it holds a lock, a socket, an open file)
+is a ``ValueError`` naming the argument then, not a worker that fails later; a worker
+unpickles it once, when it starts (:func:`loads`). Unpickling needs only the standard
+library's ``pickle`` and an importable cloudpickle.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+import cloudpickle
+
+from aioloader.decode import forking
+from aioloader.errors import LoaderError
+
+__all__ = ["dumps", "loads"]
+
+
+def dumps(value: Any, argument: str, runs_in: str) -> bytes:
+    """``value`` pickled by value where it must be (see the module), for the argument named
+    ``argument`` that runs in ``runs_in``; ``ValueError`` naming both when it cannot be."""
+    try:
+        blob: bytes = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return blob
+    except Exception as exc:
+        raise ValueError(
+            f"{argument}={value!r} cannot be sent to {runs_in}: {type(exc).__name__}: {exc}. "
+            f"It may be any function, lambda, closure or callable object, but what it holds must "
+            f"be picklable: create locks, sockets, open files and clients inside it (on first "
+            f"use) rather than holding them"
+        ) from exc
+
+
+def loads(blob: bytes, argument: str = "value") -> Any:
+    """The value :func:`dumps` pickled; :class:`~aioloader.LoaderError` naming ``argument``
+    and this process when it does not unpickle here (a module the receiver cannot import,
+    an object whose unpickling fails)."""
+    try:
+        return pickle.loads(blob)
+    except Exception as exc:
+        raise LoaderError(
+            f"{argument} could not be loaded in process {os.getpid()} ({forking.role() or 'a process'}) "
+            f"that runs it: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -1,0 +1,39 @@
+"""argparse types shared by the ``aioloader`` subcommands: each returns the parsed value or
+raises ``argparse.ArgumentTypeError`` with the text it was given."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["image_size", "int_or_auto", "positive_int"]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT`` -> ``(width, height)``."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT, e.g. 500x375")
+    width, height = int(parts[0]), int(parts[1])
+    if width < 8 or height < 8:
+        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be at least 8 pixels")
+    return width, height
+
+
+def int_or_auto(text: str) -> int | str:
+    """``"auto"`` or a positive integer (an argparse type)."""
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None

@@ -1,0 +1,274 @@
+"""``aioloader bench PATH_OR_URL``: the user's own files through the loader for a bounded time,
+with nothing training (so the loader's own limit shows), then a verdict: samples/s and MB/s,
+the stage table, the bottleneck with its advice, and the shortest train step this rate can
+feed without the trainer waiting. ``--compare torch`` runs ``torch.utils.data.DataLoader``
+on the same files and decode for the same time; ``--trace FILE`` writes a Chrome trace
+(:mod:`aioloader.observe.trace`); ``--json`` prints one JSON object on stdout (progress stays on
+stderr).
+
+The folder is read as an ImageFolder (``root/<class>/...``), else as a flat folder of
+files; a URL prefix (``s3://bucket/train/``) as an ImageFolder in object storage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aioloader.cli.args import int_or_auto
+from aioloader.cli.measure import compare_torch, measure_loader
+
+if TYPE_CHECKING:
+    from aioloader.loader import Loader
+
+__all__ = ["BenchResult", "add_parser", "format_report", "load_decode", "run_bench"]
+
+
+@dataclass
+class BenchResult:
+    """What ``aioloader bench`` measured (rates over the run after the first batch)."""
+
+    source: str
+    files: int
+    seconds: float
+    samples: int
+    samples_per_s: float
+    mb_per_s: float
+    first_batch_s: float | None
+    min_step_ms: float
+    bottleneck: dict[str, str]
+    stages: dict[str, dict[str, Any]]
+    settings: dict[str, Any]
+    compare: dict[str, Any] | None = None
+    trace: str | None = None
+    tune: dict[str, Any] | None = None
+
+
+def add_parser(sub: Any) -> None:
+    """The ``bench`` subcommand's arguments (torch is not imported here)."""
+    p = sub.add_parser(
+        "bench",
+        help="measure your own data through the loader and name the bottleneck",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("source", metavar="PATH_OR_URL", help="a folder (ImageFolder or flat) or a URL prefix")
+    p.add_argument(
+        "--decode",
+        default="image:224",
+        help="'image:SIZE' (the built-in ImageDecoder) or 'module:function' (default: %(default)s)",
+    )
+    p.add_argument("--batch-size", type=int, default=64, help="(default: %(default)s)")
+    p.add_argument(
+        "--workers",
+        type=int_or_auto,
+        default=None,
+        help="decode processes, or 'auto' (default: the usable CPUs)",
+    )
+    p.add_argument(
+        "--io-concurrency", type=int_or_auto, default="auto", help="reads in flight (default: %(default)s)"
+    )
+    p.add_argument("--seconds", type=float, default=15.0, help="how long to load (default: %(default)s)")
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="then sweep io_concurrency and num_workers and print the best next to what 'auto' chose",
+    )
+    p.add_argument(
+        "--tune-seconds", type=float, default=4.0, help="per setting of --tune (default: %(default)s)"
+    )
+    p.add_argument(
+        "--tune-rounds",
+        type=int,
+        default=1,
+        help="sweeps with --tune, each setting's median kept (default: %(default)s)",
+    )
+    p.add_argument("--compare", choices=["torch"], default=None, help="also run DataLoader for as long")
+    p.add_argument("--trace", metavar="FILE", default=None, help="write a Chrome trace (Perfetto) to FILE")
+    p.add_argument("--storage-options", metavar="JSON", default=None, help="options for a URL, as JSON")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def load_decode(spec: str) -> Any:
+    """``image:224`` -> ``ImageDecoder(224)``; ``module:function`` -> that function (the
+    current directory is importable, as for ``python -m``)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "image":
+        from aioloader.decode.image import ImageDecoder
+
+        try:
+            return ImageDecoder(int(arg or 224))
+        except ValueError:
+            raise ValueError(f"--decode {spec!r}: the size after 'image:' must be an integer") from None
+    if not arg:
+        raise ValueError(f"--decode {spec!r} must be 'image:SIZE' or 'module:function'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(kind), arg)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--decode {spec!r}: {exc}") from None
+    if not callable(fn):
+        raise ValueError(f"--decode {spec!r} is not callable")
+    return fn
+
+
+def _dataset(source: str, options: dict[str, Any] | None) -> Any:
+    from aioloader.dataset import FileDataset, _walk
+    from aioloader.read.remote import is_remote
+
+    if is_remote(source):
+        return FileDataset.from_folder(source, storage_options=options, extensions=None)
+    root = Path(source)
+    if not root.is_dir():
+        raise ValueError(f"{source!r} is not a folder or a URL prefix")
+    try:
+        return FileDataset.from_folder(root, extensions=None)
+    except ValueError:  # no class sub-folders: a flat folder of files
+        files = _walk(root)
+        if not files:
+            raise ValueError(f"{source!r} holds no files") from None
+        return FileDataset(files)
+
+
+def run_bench(args: argparse.Namespace) -> BenchResult:
+    """Run the benchmark ``args`` describe (see :func:`add_parser`)."""
+    from aioloader.loader import Loader
+    from aioloader.observe.bottleneck import diagnose
+    from aioloader.observe.trace import Tracer
+    from aioloader.read.remote import is_remote
+
+    options = json.loads(args.storage_options) if args.storage_options else None
+    decode = load_decode(args.decode)
+    dataset = _dataset(args.source, options)
+    loader = Loader(
+        dataset,
+        batch_size=args.batch_size,
+        decode=decode,
+        num_workers=args.workers,
+        io_concurrency=args.io_concurrency,
+        storage_options=options,
+    )
+    config = loader.config
+    tracer = Tracer() if args.trace else None
+    run = measure_loader(loader, args.seconds, "aioloader", tracer)
+    samples, seconds, first, stats = run.samples, run.seconds, run.first_batch_s, run.stats
+    rate = run.rate
+    verdict = stats.bottleneck
+    if verdict is None:  # fewer than two batches in the last epoch: judge the whole run
+        verdict = diagnose(
+            stats.stages,
+            1.0,
+            num_workers=stats.num_workers,
+            io_concurrency=stats.io_concurrency,
+            remote=is_remote(dataset.path(0)),
+        )
+    result = BenchResult(
+        source=args.source,
+        files=len(dataset),
+        seconds=round(seconds, 3),
+        samples=samples,
+        samples_per_s=round(rate, 1),
+        mb_per_s=round(run.bytes_read / seconds / 1e6, 2) if seconds > 0 else 0.0,
+        first_batch_s=None if first is None else round(first, 3),
+        min_step_ms=round(args.batch_size / rate * 1e3, 2) if rate > 0 else float("inf"),
+        bottleneck={"stage": verdict.stage, "advice": verdict.advice},
+        stages={name: _stage_dict(s) for name, s in stats.stages.items()},
+        settings={
+            "decode": args.decode,
+            "batch_size": args.batch_size,
+            # What ran at the end (where "auto" took them), and what was asked for.
+            "num_workers": stats.num_workers,
+            "io_concurrency": stats.io_concurrency,
+            "num_workers_asked": "default" if args.workers is None else args.workers,
+            "io_concurrency_asked": args.io_concurrency,
+            "seconds": args.seconds,
+        },
+    )
+    if tracer is not None:
+        tracer.write(args.trace)
+        result.trace = args.trace
+    if args.compare == "torch":
+        result.compare = compare_torch(dataset, decode, args, config.num_workers, rate, options)
+    if args.tune:
+        from aioloader.cli.tune import Setting, tune
+        from aioloader.config import usable_cpus
+
+        def make(io: Setting, workers: Setting) -> Loader:
+            return Loader(
+                dataset,
+                batch_size=args.batch_size,
+                decode=decode,
+                num_workers=workers,
+                io_concurrency=io,
+                storage_options=options,
+            )
+
+        result.tune = tune(make, usable_cpus(), args.tune_seconds, rounds=args.tune_rounds)
+    return result
+
+
+def _stage_dict(stage: Any) -> dict[str, Any]:
+    return {
+        "items": stage.items,
+        "busy_share": round(stage.busy_share, 4),
+        "mean_in_flight": round(stage.mean_in_flight, 2),
+        "bound": stage.bound,
+        "p50_ms": None if stage.p50_ms is None else round(stage.p50_ms, 3),
+        "p99_ms": None if stage.p99_ms is None else round(stage.p99_ms, 3),
+    }
+
+
+def format_report(r: BenchResult) -> str:
+    """The human-readable verdict."""
+    s = r.settings
+    lines = [
+        f"aioloader bench {r.source}: {r.files} files, {r.seconds:.1f} s after the first batch "
+        f"({r.first_batch_s} s), batch {s['batch_size']}, {s['num_workers']} workers, "
+        f"io_concurrency {s['io_concurrency']}, decode {s['decode']}",
+        f"  {r.samples_per_s:.0f} samples/s, {r.mb_per_s:.1f} MB/s",
+        "",
+        f"  {'stage':<9} {'items':>8} {'busy':>5} {'in flight / bound':>18} {'p50 ms':>8} {'p99 ms':>8}",
+    ]
+    for name, st in r.stages.items():
+        p50 = "-" if st["p50_ms"] is None else f"{st['p50_ms']:.1f}"
+        p99 = "-" if st["p99_ms"] is None else f"{st['p99_ms']:.1f}"
+        flight = f"{st['mean_in_flight']:.1f} / {st['bound']}"
+        lines.append(f"  {name:<9} {st['items']:>8} {st['busy_share']:>5.0%} {flight:>18} {p50:>8} {p99:>8}")
+    lines += [
+        "",
+        f"  bottleneck: {r.bottleneck['stage']}: {r.bottleneck['advice']}",
+        f"  this rate feeds a train step of {r.min_step_ms:.1f} ms per batch or longer without waiting",
+    ]
+    if r.compare is not None:
+        lines.append(
+            f"  {r.compare['loader']}: {r.compare['samples_per_s']:.0f} samples/s; "
+            f"aioloader {r.compare['aioloader_ratio']}x"
+        )
+    if r.tune is not None:
+        from aioloader.cli.tune import format_tune
+
+        lines += ["", *format_tune(r.tune)]
+    if r.trace:
+        lines.append(f"  trace written to {r.trace}: open it in https://ui.perfetto.dev or chrome://tracing")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from aioloader.errors import LoaderError
+
+    try:
+        result = run_bench(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"aioloader bench: {exc}", file=sys.stderr)
+        return 2
+    except LoaderError as exc:  # a file that cannot be read or decoded, named with its cause
+        print(f"aioloader bench: loading failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(asdict(result)) if args.json else format_report(result))
+    return 0

@@ -1,0 +1,173 @@
+"""Stage 4: a batch from its decoded rows (collation).
+
+Three ways, cheapest first:
+
+1. Every kept sample was written into its row of the slab's rows blocks and the default
+   collate is in use: each rows block *is* that leaf's batch tensor (zero-copy). With every
+   row kept, the tensors view the slab, which goes back to the pool once the last of them
+   is garbage; rows left out by ``on_error="skip"`` are gathered into a copy instead.
+2. Otherwise each sample is rebuilt: arrays as views of the slab (rows blocks or the
+   output area), plain leaves as they came back, pickled samples as they are, and the
+   collate function (default or the user's) runs on the collate thread. The slab lives as
+   long as any view of it; with ``zero_copy=False`` the views are copied out first.
+3. Without a slab (no decoding, no shared memory) samples are the values themselves.
+
+Labels are gathered here, never by a worker: a batch is ``value`` or ``(value, labels)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+import torch
+
+from aioloader.base.items import Batch
+from aioloader.base.tree import unflatten
+from aioloader.collate import collate_leaves, default_collate
+from aioloader.decode.layout import ArraySpec
+from aioloader.decode.protocol import ArrayRef, InArea, Pickled, RowResult, Written
+from aioloader.decode.slabs import Slab, SlabPool
+from aioloader.errors import LoaderError
+from aioloader.observe.stages import StageMeter
+
+__all__ = ["Assembler", "view_array"]
+
+
+def view_array(buf: np.ndarray[Any, Any], offset: int, spec: ArraySpec, rows: int | None = None) -> Any:
+    """The array of ``spec`` at ``offset`` in ``buf`` (uint8), as the decoder returned it
+    (a NumPy array or a torch tensor); with ``rows``, ``rows`` of them stacked."""
+    shape = spec.shape if rows is None else (rows, *spec.shape)
+    raw = buf[offset : offset + spec.nbytes * (1 if rows is None else rows)].view(np.ndarray)
+    if spec.torch:
+        return torch.from_numpy(raw).view(getattr(torch, spec.dtype)).reshape(shape)
+    return raw.view(np.dtype(spec.dtype)).reshape(shape)
+
+
+class Assembler:
+    """Builds batches for one loader (see the module docstring)."""
+
+    def __init__(
+        self,
+        labels: np.ndarray[Any, Any] | None,
+        slabs: SlabPool | None,
+        collate: Callable[[list[Any]], Any] | None,
+        zero_copy: bool,
+        collate_pool: Executor,
+        meter: StageMeter | None = None,
+    ) -> None:
+        self._meter = meter if meter is not None else StageMeter("collate")
+        self._labels = labels
+        self._slabs = slabs
+        self._custom = collate
+        self._collate = collate or default_collate
+        self._zero_copy = zero_copy
+        self._pool = collate_pool
+
+    async def assemble(
+        self, k: int, indices: list[int], results: list[RowResult | None], slab: Slab | None
+    ) -> tuple[Batch, Slab | None]:
+        """Batch ``k`` from ``results`` (None: a sample left out); returns the slab too,
+        unless what was handed out now owns it."""
+        kept = [r for r, res in enumerate(results) if res is not None]
+        if not kept:  # every sample skipped: an empty marker keeps the resume position exact
+            return Batch(index=k, value=None, size=0), slab
+        labels = None
+        if self._labels is not None:
+            labels = torch.from_numpy(self._labels[[indices[r] for r in kept]].astype(np.int64))
+        sample = slab.layout.sample if slab is not None else None
+        if sample is not None and self._custom is None and all(isinstance(results[r], Written) for r in kept):
+            assert slab is not None
+            entered = self._meter.enter()
+            try:
+                value, slab = self._from_blocks(results, kept, slab)
+            finally:
+                self._meter.leave(entered)
+            return Batch(index=k, value=value if labels is None else (value, labels), size=len(kept)), slab
+        samples, slab = self._samples(results, kept, slab)
+        if labels is not None:
+            samples = [(s, int(lbl)) for s, lbl in zip(samples, labels.tolist(), strict=True)]
+        loop = asyncio.get_running_loop()
+        try:
+            value = await loop.run_in_executor(self._pool, self._metered, samples)
+        except Exception as exc:
+            raise LoaderError(f"collate failed for batch {k}: {type(exc).__name__}: {exc}") from exc
+        return Batch(index=k, value=value, size=len(samples)), slab
+
+    def _metered(self, samples: list[Any]) -> Any:
+        """``collate`` on the collate thread, timed there (not its wait for the thread)."""
+        entered = self._meter.enter()
+        try:
+            return self._collate(samples)
+        finally:
+            self._meter.leave(entered)
+
+    def _release(self, slab: Slab) -> None:
+        assert self._slabs is not None
+        self._slabs.release(slab)
+
+    def _from_blocks(
+        self, results: list[RowResult | None], kept: list[int], slab: Slab
+    ) -> tuple[Any, Slab | None]:
+        layout = slab.layout
+        assert layout.sample is not None
+        n = len(results)
+        whole = len(kept) == n and self._zero_copy
+        buf = slab.owner(self._release) if whole else np.frombuffer(slab.mmap, dtype=np.uint8)
+        blocks = iter(layout.blocks)
+        plain = iter(zip(*(results[r].plain for r in kept), strict=True))  # type: ignore[union-attr]
+        leaves: list[Any] = []
+        for spec in layout.sample.leaves:
+            if spec is None:
+                leaves.append(collate_leaves(list(next(plain))))
+                continue
+            rows = view_array(buf, next(blocks), spec, n)
+            rows = torch.from_numpy(rows) if isinstance(rows, np.ndarray) else rows
+            if not whole:  # a copy: the slab is free again at once
+                rows = rows[kept] if len(kept) < n else rows.clone()
+            leaves.append(rows)
+        del buf
+        return unflatten(layout.sample.treedef, leaves), (None if whole else slab)
+
+    def _samples(
+        self, results: list[RowResult | None], kept: list[int], slab: Slab | None
+    ) -> tuple[list[Any], Slab | None]:
+        """Each kept sample as the decoder returned it, arrays viewing the slab."""
+        if slab is None:
+            return [results[r].value for r in kept], None  # type: ignore[union-attr]
+        copy = not self._zero_copy
+        buf = np.frombuffer(slab.mmap, dtype=np.uint8) if copy else slab.owner(self._release)
+        layout = slab.layout
+        samples = []
+        for r in kept:
+            res = results[r]
+            if isinstance(res, Pickled):
+                samples.append(res.value)
+            elif isinstance(res, InArea):
+                leaves = [
+                    _own(view_array(buf, x.offset, x.spec), copy) if isinstance(x, ArrayRef) else x
+                    for x in res.leaves
+                ]
+                samples.append(unflatten(res.treedef, leaves))
+            else:
+                assert isinstance(res, Written) and layout.sample is not None
+                blocks, plain = iter(layout.blocks), iter(res.plain)
+                leaves = [
+                    next(plain)
+                    if spec is None
+                    else _own(view_array(buf, next(blocks) + r * spec.nbytes, spec), copy)
+                    for spec in layout.sample.leaves
+                ]
+                samples.append(unflatten(layout.sample.treedef, leaves))
+        del buf
+        # With views, the slab goes back once they are all garbage (the owner's finalizer).
+        return samples, (slab if copy else None)
+
+
+def _own(array: Any, copy: bool) -> Any:
+    if not copy:
+        return array
+    return array.clone() if isinstance(array, torch.Tensor) else array.copy()

@@ -1,0 +1,339 @@
+"""Stages 1-5 for one epoch: sample order -> reads -> decodes -> collation -> ready queue.
+
+Runs entirely on the loader's event loop. Everything in flight is bounded: reads by the
+reader's semaphore (``io_concurrency``), decodes by ``2 * num_workers`` (one running and one
+queued per worker), batches under construction by a window of ``W`` batches, and finished
+batches by the ready queue (``prefetch``). A failure is put into the queue in its batch's
+place, so the trainer receives every batch before it, then the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Awaitable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from aioloader.base.items import END, Batch, Failure, Item
+from aioloader.config import LoaderConfig
+from aioloader.dataset import FileDataset
+from aioloader.decode.image import ImageDecoder
+from aioloader.decode.layout import LayoutTracker, SampleLayout, describe
+from aioloader.decode.pool import DecodePool
+from aioloader.decode.protocol import ArrayRef, InArea, Pickled, RowResult, Source, Written
+from aioloader.decode.slabs import Slab, SlabPool
+from aioloader.decode.stage import DecodeStage
+from aioloader.engine.assemble import Assembler
+from aioloader.engine.failures import FailurePolicy
+from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
+from aioloader.observe.stats import Counters
+from aioloader.plan.repack import Repacker
+from aioloader.plan.sampler import EpochPlan
+from aioloader.read.reader import FileReader
+from aioloader.tune.tuner import Tuner, memory_budget, trainer_pids
+
+__all__ = ["Engine", "chunk_size", "declared_layout", "pooled_slabs", "window_size"]
+
+T = TypeVar("T")
+
+
+def declared_layout(decode: object) -> SampleLayout | None:
+    """The layout a decoder declares with ``output_shape`` (and ``output_dtype``), if any."""
+    shape = getattr(decode, "output_shape", None)
+    if shape is None:
+        return None
+    return SampleLayout.declared(shape, getattr(decode, "output_dtype", "uint8"))
+
+
+class Engine:
+    """Produces the batches of one epoch into a queue (see :meth:`produce`).
+
+    The stages each have one small interface: ``reader.fetch`` (read one sample, or a
+    :class:`SampleError`), ``decoder.run`` (decode a chunk: a result or an error per
+    sample) and ``assembler.assemble`` (rows to a batch); ``policy`` decides what a failed
+    sample does. The engine keeps the batch window, the order of delivery, the chunking of
+    a batch over the workers, and what the slabs of the next batches look like.
+    """
+
+    def __init__(
+        self,
+        config: LoaderConfig,
+        dataset: FileDataset,
+        reader: FileReader,
+        pool: DecodePool | None,
+        slabs: SlabPool | None,
+        collate_pool: ThreadPoolExecutor,
+        counters: Counters,
+        trainer_pid: int | None = None,
+    ) -> None:
+        self._cfg = config
+        self._ds = dataset
+        self._reader = reader
+        self._slabs = slabs
+        self._counters = counters
+        self.policy = FailurePolicy(config.on_error, config.max_failures, counters)
+        self._decoder = None
+        if pool is not None:
+            assert config.decode is not None
+            self._decoder = DecodeStage(
+                config.decode,
+                pool,
+                seed=config.seed,
+                sample_timeout=config.sample_timeout,
+                path_of=dataset.path,
+                hot=isinstance(config.decode, ImageDecoder),
+                local=collate_pool,
+                on_restart=counters.set_worker_restarts,
+                meter=counters.meters["decode"],
+            )
+        self._assembler = Assembler(
+            dataset.labels, slabs, config.collate, config.zero_copy, collate_pool, counters.meters["collate"]
+        )
+        self._layout = LayoutTracker(declared_layout(config.decode))
+        self._sizes = _SizeTracker(config.batch_size)
+        self._plan_slabs()
+        # Samples per decode task: one round trip to a worker is amortised over a chunk, and
+        # a batch still spreads over every worker (two chunks each).
+        self.chunk = chunk_size(config.batch_size, config.num_workers)
+        #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
+        self.tuner = (
+            Tuner(
+                config,
+                reader,
+                self._decoder,
+                counters.meters,
+                chunk=self.chunk,
+                bytes_per_sample=self._bytes_per_sample,
+                memory_budget=memory_budget(),
+                trainer_pids=trainer_pids(trainer_pid),
+                on_io=self._io_moved,
+            )
+            if config.autotuned
+            else None
+        )
+
+    @property
+    def window(self) -> int:
+        """Batches under construction: enough to keep every read slot busy (the reader's
+        limit now), at least two so the next batch starts while the current one finishes."""
+        return window_size(self._reader.io_concurrency, self._cfg.batch_size)
+
+    def _io_moved(self, io: int) -> None:
+        """The read limit moved: so do the window and the slabs kept for it."""
+        if self._slabs is not None:
+            self._slabs.set_pooled(pooled_slabs(io, self._cfg.batch_size, self._cfg.prefetch))
+
+    def _bytes_per_sample(self) -> int:
+        """What a sample in flight holds: its file's share of the input arena and its
+        decoded output."""
+        return self._sizes.arena_bytes() // self._cfg.batch_size + self._layout.out_bytes_per_sample()
+
+    def _plan_slabs(self) -> None:
+        """What the next slabs look like: rows blocks for the learned layout, an input arena
+        for the file sizes seen, an output area when shapes vary."""
+        if self._slabs is not None:
+            out = self._cfg.batch_size * self._layout.out_bytes_per_sample()
+            self._slabs.want(self._layout.sample, self._sizes.arena_bytes(), out)
+
+    async def produce(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
+        """Put the batches of ``plan.pending()`` into ``out``, then ``END`` or a
+        ``Failure``. Cancelling the task cancels every read and decode it started."""
+        tuning = asyncio.ensure_future(self.tuner.run()) if self.tuner is not None else None
+        try:
+            await self._run(plan, out)
+        except LoaderError as exc:
+            await out.put(Failure(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must still reach the trainer
+            err = LoaderError(f"loading stopped: {type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            await out.put(Failure(err))
+        else:
+            await out.put(END)
+        finally:
+            if tuning is not None:
+                await _cancel([tuning])
+
+    async def _run(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
+        """Build up to ``window`` batches at once; deliver them in sampler order, or as they
+        finish with ``ordered=False`` (a batch waiting on one slow file does not hold back
+        the others)."""
+        building: deque[asyncio.Task[Batch]] = deque()
+        todo = deque(plan.pending())
+        cfg = self._cfg
+        # drop_last with skipping: batches that lost samples are topped up from the next ones.
+        repack = (
+            Repacker(cfg.batch_size)
+            if cfg.drop_last and cfg.on_error == "skip" and cfg.ordered and cfg.collate is None
+            else None
+        )
+        try:
+            while todo or building:
+                while todo and len(building) < self.window:
+                    building.append(asyncio.ensure_future(self._batch(plan, todo.popleft())))
+                if cfg.ordered:
+                    task = building[0]
+                    await task
+                else:
+                    done, _ = await asyncio.wait(building, return_when=asyncio.FIRST_COMPLETED)
+                    task = min(done, key=building.index)
+                building.remove(task)
+                batch = task.result()
+                for full in repack.push(batch) if repack is not None else [batch]:
+                    await out.put(full)
+            # Failures that all came early, with none after them, are judged here too: the
+            # LoaderError takes END's place, after every batch.
+            self.policy.epoch_ended()
+        finally:
+            await _cancel(building)
+
+    async def _batch(self, plan: EpochPlan, k: int) -> Batch:
+        """Read, decode and assemble batch ``k``."""
+        indices: list[int] = plan.batch(k).tolist()
+        slab = self._slabs.acquire() if self._slabs is not None else None
+        try:
+            results: list[RowResult | None] = [None] * len(indices)
+            rows = range(len(indices))
+            await _gather_or_cancel(
+                self._chunk(plan.epoch, k, slab, indices, rows[i : i + self.chunk], results)
+                for i in range(0, len(indices), self.chunk)
+            )
+            self._learn(results, slab)
+            batch, slab = await self._assembler.assemble(k, indices, results, slab)
+            return batch
+        except BaseException:
+            if slab is not None:  # a worker or a read may still write into it: never reuse it
+                slab.tainted = True
+            raise
+        finally:
+            if slab is not None:
+                self._slabs.release(slab)  # type: ignore[union-attr]
+
+    async def _chunk(
+        self,
+        epoch: int,
+        k: int,
+        slab: Slab | None,
+        indices: list[int],
+        rows: range,
+        results: list[RowResult | None],
+    ) -> None:
+        """Read the files of ``rows`` concurrently, then decode them in one worker task."""
+        sources = await self._read(indices, rows, slab)
+        items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
+        if not items:
+            return
+        if self._decoder is None:  # decode=None: the sample is the file's bytes
+            for r, _, src in items:
+                results[r] = Pickled(src)
+            return
+        per_sample = self._layout.out_bytes_per_sample()
+        share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
+        outcomes = await self._decoder.run(epoch, k, slab, items, share)
+        for (r, _, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, SampleError):
+                self.policy.failed(outcome)
+            else:
+                results[r] = outcome
+
+    async def _read(self, indices: list[int], rows: range, slab: Slab | None) -> list[Source | None]:
+        """The bytes of the samples in ``rows`` (into the slab's input arena when decoding);
+        None for a sample that failed and is skipped."""
+        self.policy.attempted(len(rows))
+        arena = slab.input if slab is not None and self._decoder is not None else None
+        items = [(indices[r], self._ds.path(indices[r])) for r in rows]
+        spans = [self._ds.span(index) for index, _ in items] if self._ds.has_spans else None
+        sources: list[Source | None] = []
+        for res in await self._reader.fetch_many(items, arena, self._cfg.sample_timeout, spans):
+            if isinstance(res, SampleError):
+                if isinstance(res, LoaderTimeoutError) and slab is not None:
+                    slab.tainted = True  # the abandoned read may still write into its arena
+                self.policy.failed(res)
+                sources.append(None)
+                continue
+            size = res[1] if isinstance(res, tuple) else len(res)
+            self._counters.add_bytes(size)
+            self._sizes.add(size)
+            sources.append(res)
+        return sources
+
+    def _learn(self, results: list[RowResult | None], slab: Slab | None) -> None:
+        """Feed the layout tracker with this batch's samples; plan the next slabs."""
+        if slab is None:
+            return
+        misses = []
+        fitted = 0
+        for res in results:
+            if isinstance(res, Written):
+                fitted += 1
+            elif isinstance(res, InArea):
+                specs = tuple(x.spec if isinstance(x, ArrayRef) else None for x in res.leaves)
+                misses.append((res.treedef, specs))
+            elif isinstance(res, Pickled):
+                treedef, _, specs = describe(res.value)
+                misses.append((treedef, specs))
+        if misses or not self._layout.known:
+            self._layout.observe(misses, fitted, slab.layout.sample)
+        self._plan_slabs()
+
+
+def window_size(io_concurrency: int, batch_size: int) -> int:
+    """Batches built at once: enough samples in flight to use every read slot, at least 2."""
+    return max(2, math.ceil(io_concurrency / batch_size) + 1)
+
+
+def pooled_slabs(io_concurrency: int, batch_size: int, prefetch: int) -> int:
+    """Slabs kept for reuse: enough for every batch the pipeline itself holds (under
+    construction, one being queued, queued, in the bridge, in the hand-off, one whose rows
+    repacking carries over) and the two a ``for b in loader`` holds around each ``next()``:
+    the new one, and the old one until ``b`` is rebound."""
+    return window_size(io_concurrency, batch_size) + prefetch + 5
+
+
+def chunk_size(batch_size: int, num_workers: int) -> int:
+    """Samples per decode task: a batch split into about two tasks per worker, at most 32."""
+    return max(1, min(32, math.ceil(batch_size / (2 * num_workers))))
+
+
+class _SizeTracker:
+    """Running mean of file sizes, to size the slabs' input arenas (+50% headroom)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.total = 0
+        self.count = 0
+
+    def add(self, size: int) -> None:
+        self.total += size
+        self.count += 1
+
+    def arena_bytes(self) -> int:
+        mean = self.total / self.count if self.count else 128 * 1024
+        per_sample = int(mean * 1.5) + 4096
+        return -(-self.batch_size * per_sample // 65536) * 65536  # whole 64 KiB
+
+
+async def _gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """Like ``asyncio.gather``, but the first failure cancels the others (and is raised)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in tasks:  # the first failure in batch order, so the error is deterministic
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+        return [t.result() for t in tasks]
+    finally:
+        await _cancel(tasks)
+
+
+async def _cancel(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` and wait until they are done (their own cleanup included)."""
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    for t in tasks:  # mark results/exceptions as retrieved: no "never retrieved" warnings
+        if t.done() and not t.cancelled():
+            t.exception()

@@ -1,0 +1,316 @@
+"""``loader.stats``: counters kept while loading, read as an immutable snapshot, with the
+per-stage figures of :mod:`aioloader.observe.stages` and the verdict of
+:mod:`aioloader.observe.bottleneck`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, diagnose
+from aioloader.observe.stages import STAGES, StageMeter, StageStats, between
+from aioloader.read.remote import is_remote
+
+if TYPE_CHECKING:
+    from aioloader.config import LoaderConfig
+
+__all__ = ["WINDOW", "Counters", "LoaderSide", "LoaderStats"]
+
+log = logging.getLogger("aioloader")
+
+#: bytes read, samples attempted, failures by reason, last failed paths, read retries,
+#: worker restarts, the loading stages' figures: what a loader process counts for the
+#: trainer's counters.
+LoaderSide = tuple[int, int, dict[str, int], tuple[str, ...], int, int, dict[str, StageStats]]
+#: Batches the bottleneck and its warning look back over.
+WINDOW = 50
+#: Fewest batches the warning judges (an epoch's last ones, after its last full window).
+MIN_JUDGED = 20
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A snapshot of the loader's counters.
+
+    Totals are cumulative over the loader's life; ``epoch_*`` fields cover the current (or
+    last) iteration. Times are seconds; ``wait_seconds`` is the time the consumer spent
+    blocked waiting for a batch (the trainer's data stall).
+    """
+
+    samples: int = 0
+    batches: int = 0
+    attempted: int = 0
+    bytes_read: int = 0
+    failures: int = 0
+    failures_by_reason: dict[str, int] = field(default_factory=dict)
+    last_failed_paths: tuple[str, ...] = ()
+    read_retries: int = 0
+    worker_restarts: int = 0
+    wait_seconds: float = 0.0
+    epoch: int = 0
+    epoch_samples: int = 0
+    epoch_batches: int = 0
+    epoch_wait_seconds: float = 0.0
+    epoch_seconds: float = 0.0
+    first_batch_seconds: float | None = None
+    #: ``{"read"|"decode"|"collate"|"transfer": StageStats}`` over the loader's life.
+    stages: dict[str, StageStats] = field(default_factory=dict)
+    #: The stage limiting throughput over the last :data:`WINDOW` batches of this epoch (or
+    #: since it began); None before its second batch.
+    bottleneck: Bottleneck | None = None
+    #: The trainer's share of that time spent waiting for a batch (0..1).
+    recent_wait_share: float | None = None
+    #: Reads in flight at most, now (``io_concurrency="auto"`` moves it while loading).
+    io_concurrency: int = 0
+    #: Decode processes decoding at once, now (``num_workers="auto"`` moves it).
+    num_workers: int = 0
+
+
+class Counters:
+    """Mutable counters. Each field has one writer (the loop thread or the consumer), and a
+    lock makes snapshots consistent."""
+
+    def __init__(self, io_concurrency: int = 1, num_workers: int = 1, remote: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._remote = remote
+        #: This process's stage meters (a loader process has read, decode and collate; the
+        #: trainer's the transfer, and the others' figures by :meth:`absorb`).
+        self.meters = {
+            "read": StageMeter("read", bound=io_concurrency),
+            "decode": StageMeter("decode", bound=2 * num_workers, capacity=num_workers),
+            "collate": StageMeter("collate"),
+            "transfer": StageMeter("transfer"),
+        }
+        self._absorbed: dict[str, StageStats] = {}
+        #: Per delivered batch of this epoch: (time, seconds waited, stage figures then).
+        self._recent: deque[tuple[float, float, dict[str, StageStats]]] = deque(maxlen=WINDOW + 1)
+        self._warned: set[tuple[int, str]] = set()
+        self.samples = 0
+        self.batches = 0
+        self.attempted = 0  # samples whose read started, for a fractional max_failures
+        self.bytes_read = 0
+        self.wait_seconds = 0.0
+        self.failures: Counter[str] = Counter()
+        self.failed_paths: deque[str] = deque(maxlen=8)
+        self.read_retries = 0
+        self.worker_restarts = 0
+        self.epoch = 0
+        self.epoch_samples = 0
+        self.epoch_batches = 0
+        self.epoch_wait = 0.0
+        self.epoch_start = time.perf_counter()
+        self.epoch_end: float | None = None
+        self.first_batch: float | None = None
+        #: Bumped by :meth:`restore`: a loader process must take the restored failures over.
+        self.restores = 0
+
+    @classmethod
+    def for_loader(cls, config: LoaderConfig, first_path: str) -> Counters:
+        """The counters of a loader of ``config`` (stage bounds from its settings)."""
+        return cls(config.io_concurrency, config.num_workers, is_remote(first_path))
+
+    def begin_epoch(self, epoch: int) -> None:
+        with self._lock:
+            self.epoch = epoch
+            self.epoch_samples = self.epoch_batches = 0
+            self.epoch_wait = 0.0
+            self.epoch_start = time.perf_counter()
+            self.epoch_end = None
+            self.first_batch = None
+            self._recent.clear()
+
+    def end_epoch(self) -> None:
+        with self._lock:
+            self.epoch_end = time.perf_counter()
+            # The batches after the last judged window are judged at the epoch's end, when
+            # there are enough of them to say more than how long the pipeline took to fill.
+            unjudged = self.epoch_batches % WINDOW >= MIN_JUDGED
+        if unjudged:
+            self._warn_if_waiting()
+
+    def set_io_concurrency(self, io: int) -> None:
+        """Reads in flight as the pipeline runs them (the open-file limit may lower them)."""
+        read = self.meters["read"]
+        read.bound = read.capacity = io
+
+    def add_bytes(self, n: int) -> None:
+        with self._lock:
+            self.bytes_read += n
+
+    def delivered(self, samples: int, waited: float) -> None:
+        now = time.perf_counter()
+        marks = self._stage_view(percentiles=False)
+        with self._lock:
+            if self.first_batch is None:
+                self.first_batch = now - self.epoch_start
+            self.samples += samples
+            self.batches += 1
+            self.epoch_samples += samples
+            self.epoch_batches += 1
+            self.wait_seconds += waited
+            self.epoch_wait += waited
+            self._recent.append((now, waited, marks))
+            check = self.epoch_batches % WINDOW == 0
+        if check:
+            self._warn_if_waiting()
+
+    def _stage_view(self, percentiles: bool = True) -> dict[str, StageStats]:
+        """Every stage's figures: this process's meters, or what a loader process sent."""
+        view = {name: self.meters[name].snapshot(percentiles) for name in STAGES}
+        with self._lock:
+            view.update(self._absorbed)
+        return view
+
+    def _window(
+        self, view: dict[str, StageStats] | None = None
+    ) -> tuple[float, dict[str, StageStats]] | None:
+        """The trainer's wait share and the stages over the recent batches (see
+        :data:`WINDOW`; the first batch of an epoch opens the window), or None before the
+        second batch. ``view``: the stages now, when the caller has them already."""
+        with self._lock:
+            if len(self._recent) < 2:
+                return None
+            (t0, _, before), (t1, _, after) = self._recent[0], self._recent[-1]
+            waited = sum(w for _, w, _ in list(self._recent)[1:])
+        # The stages over the same span as the waits (first to last batch of the window, not
+        # up to now: stats read after an epoch or an evaluation would dilute them), with
+        # the percentiles of now.
+        now = view if view is not None else self._stage_view()
+        stages = {
+            name: replace(
+                between(before[name], after[name]), p50_ms=now[name].p50_ms, p99_ms=now[name].p99_ms
+            )
+            for name in STAGES
+        }
+        return (waited / (t1 - t0) if t1 > t0 else 0.0), stages
+
+    def bottleneck(self, view: dict[str, StageStats] | None = None) -> tuple[Bottleneck, float] | None:
+        """The verdict over the recent batches and the trainer's wait share in them."""
+        view = view if view is not None else self._stage_view()
+        window = self._window(view)
+        if window is None:
+            return None
+        share, stages = window
+        verdict = diagnose(
+            stages,
+            share,
+            num_workers=view["decode"].capacity,  # as tuned now
+            io_concurrency=view["read"].bound,
+            remote=self._remote,
+        )
+        return verdict, share
+
+    def _warn_if_waiting(self) -> None:
+        """A WARNING when the trainer waited more than :data:`WAIT_SHARE` of the last
+        :data:`WINDOW` batches' time, at most once per epoch and stage."""
+        found = self.bottleneck()
+        if found is None or found[1] <= WAIT_SHARE:
+            return
+        verdict, share = found
+        key = (self.epoch, verdict.stage)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        log.warning(
+            "the trainer waited for data %.0f%% of the time over the last %d batches; bottleneck: %s",
+            share * 100,
+            WINDOW,
+            verdict,
+        )
+
+    def failed(self, reason: str, path: str) -> None:
+        with self._lock:
+            self.failures[reason] += 1
+            self.failed_paths.append(path)
+
+    def attempt(self, n: int) -> None:
+        with self._lock:
+            self.attempted += n
+
+    def failure_counts(self) -> tuple[int, int]:
+        """``(failures, samples attempted)`` over the loader's life."""
+        with self._lock:
+            return sum(self.failures.values()), self.attempted
+
+    def failure_counts_by_reason(self) -> tuple[dict[str, int], int]:
+        """``({reason: failures}, samples attempted)`` over the loader's life."""
+        with self._lock:
+            return dict(self.failures), self.attempted
+
+    def set_worker_restarts(self, n: int) -> None:
+        with self._lock:
+            self.worker_restarts = n
+
+    def retried(self) -> None:
+        with self._lock:
+            self.read_retries += 1
+
+    def restore(self, samples: int, batches: int, failures: dict[str, int], attempted: int) -> None:
+        """Carry totals over from a resumed run's state."""
+        with self._lock:
+            self.samples, self.batches, self.attempted = samples, batches, attempted
+            self.failures = Counter(failures)
+            self.restores += 1
+
+    def restore_failures(self, failures: dict[str, int], attempted: int) -> None:
+        """In a loader process: the failures and attempts the trainer's counters hold."""
+        with self._lock:
+            self.failures, self.attempted = Counter(failures), attempted
+
+    def loader_side(self) -> LoaderSide:
+        """What the loading side counts (bytes, attempts, failures, retries, restarts), for
+        :meth:`absorb` in the trainer's process (``loader_process=True``)."""
+        with self._lock:
+            counts = (
+                self.bytes_read,
+                self.attempted,
+                dict(self.failures),
+                tuple(self.failed_paths),
+                self.read_retries,
+                self.worker_restarts,
+            )
+        stages = {name: self.meters[name].snapshot() for name in ("read", "decode", "collate")}
+        return (*counts, stages)
+
+    def absorb(self, counts: LoaderSide) -> None:
+        """Take over what a loader process counted (:meth:`loader_side`)."""
+        bytes_read, attempted, failures, paths, retries, restarts, stages = counts
+        with self._lock:
+            self._absorbed = stages
+            self.bytes_read, self.attempted = bytes_read, attempted
+            self.failures = Counter(failures)
+            self.failed_paths = deque(paths, maxlen=8)
+            self.read_retries, self.worker_restarts = retries, restarts
+
+    def snapshot(self) -> LoaderStats:
+        stages = self._stage_view()
+        found = self.bottleneck(stages)
+        with self._lock:
+            end = self.epoch_end if self.epoch_end is not None else time.perf_counter()
+            return LoaderStats(
+                samples=self.samples,
+                batches=self.batches,
+                attempted=self.attempted,
+                bytes_read=self.bytes_read,
+                failures=sum(self.failures.values()),
+                failures_by_reason=dict(self.failures),
+                last_failed_paths=tuple(self.failed_paths),
+                read_retries=self.read_retries,
+                worker_restarts=self.worker_restarts,
+                wait_seconds=self.wait_seconds,
+                epoch=self.epoch,
+                epoch_samples=self.epoch_samples,
+                epoch_batches=self.epoch_batches,
+                epoch_wait_seconds=self.epoch_wait,
+                epoch_seconds=end - self.epoch_start,
+                first_batch_seconds=self.first_batch,
+                stages=stages,
+                bottleneck=found[0] if found is not None else None,
+                recent_wait_share=found[1] if found is not None else None,
+                io_concurrency=stages["read"].bound,
+                num_workers=stages["decode"].capacity,
+            )

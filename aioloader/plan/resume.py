@@ -1,0 +1,173 @@
+"""Mid-epoch resumption: what ``Loader.state_dict()`` holds, how a state is checked, and the
+epoch plan it resumes to. Pure: no I/O, no event loop (``tests/test_resume.py``).
+
+Position is counted in *batches the trainer received*, never in work started: batches
+still being read, decoded or waiting in the prefetch queue when the state is taken are not
+consumed, so they are produced again after a resume. A batch's samples depend only on
+``(seed, epoch, rank, world_size, batch index)``, so the batches after a resume are exactly
+the ones an uninterrupted run would have delivered, whatever ``num_workers``,
+``io_concurrency`` or ``prefetch`` either side used.
+
+The state is a small JSON-serialisable dict::
+
+    {"format": "aioloader.state", "version": 1,
+     "dataset_len": 50000, "seed": 0, "shuffle": true, "batch_size": 256, "drop_last": false,
+     "rank": 0, "world_size": 2, "pad_shards": true,
+     "epoch": 3, "batches_done": 41, "batches_done_after": [], "samples_done": 10496,
+     "resharded_from": null,
+     "stats": {"samples": ..., "batches": ..., "failures_by_reason": {...}}}
+
+``batches_done``: every batch below it was received; ``batches_done_after``: batches past it
+received out of order (``ordered=False``). ``resharded_from``: ``{"world_size", "batches_done"}``
+when this epoch's plan is the remainder of an epoch begun on another number of ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from aioloader.config import LoaderConfig
+from aioloader.plan.sampler import EpochPlan, plan_epoch, plan_remainder
+
+__all__ = ["FORMAT", "VERSION", "Progress", "ResumePoint", "check_state", "make_state", "plan_for"]
+
+FORMAT = "aioloader.state"
+VERSION = 1
+#: Settings that decide which sample is in which batch: a state must agree on all of them.
+_MUST_MATCH = ("dataset_len", "seed", "shuffle", "batch_size", "drop_last", "pad_shards")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a loaded state resumes: ``epoch``, batches below ``start`` and in ``done``
+    already received, and ``base`` = ``(old world size, batches each old rank consumed)``
+    when the epoch is re-sharded."""
+
+    epoch: int
+    start: int = 0
+    done: frozenset[int] = frozenset()
+    samples: int = 0
+    base: tuple[int, int] | None = None
+
+
+class Progress:
+    """The batches of one epoch's plan the trainer has received so far."""
+
+    def __init__(self, epoch: int, total: int, point: ResumePoint | None = None) -> None:
+        self.epoch = epoch
+        self.total = total
+        self.next = point.start if point else 0  # every batch below it was received
+        self.after: set[int] = set(point.done) if point else set()
+        self.samples = point.samples if point else 0
+        self.base = point.base if point else None
+
+    def mark(self, k: int, size: int) -> None:
+        """Batch ``k`` (of ``size`` samples) reached the trainer."""
+        self.after.add(k)
+        while self.next in self.after:
+            self.after.discard(self.next)
+            self.next += 1
+        self.samples += size
+
+    def finish(self) -> None:
+        """The epoch's last batch was received (batches that came out empty included)."""
+        self.next = self.total
+        self.after.clear()
+
+    def point(self) -> ResumePoint:
+        return ResumePoint(self.epoch, self.next, frozenset(self.after), self.samples, self.base)
+
+
+def make_state(
+    config: LoaderConfig, dataset_len: int, progress: Progress, stats: dict[str, Any]
+) -> dict[str, Any]:
+    """The state dict for ``progress`` (see the module docstring)."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "dataset_len": dataset_len,
+        "seed": config.seed,
+        "shuffle": config.shuffle,
+        "batch_size": config.batch_size,
+        "drop_last": config.drop_last,
+        "rank": config.rank,
+        "world_size": config.world_size,
+        "pad_shards": config.pad_shards,
+        "epoch": progress.epoch,
+        "batches_done": progress.next,
+        "batches_done_after": sorted(progress.after),
+        "samples_done": progress.samples,
+        "resharded_from": None
+        if progress.base is None
+        else {"world_size": progress.base[0], "batches_done": progress.base[1]},
+        "stats": stats,
+    }
+
+
+def check_state(
+    state: object, config: LoaderConfig, dataset_len: int, *, allow_reshard: bool = False
+) -> ResumePoint:
+    """The resume point of ``state`` for this loader, or ``ValueError`` saying what differs."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError("load_state_dict: not an aioloader state dict (no 'format': 'aioloader.state')")
+    if state.get("version") != VERSION:
+        raise ValueError(f"load_state_dict: state version {state.get('version')!r} is not supported")
+    ours = {"dataset_len": dataset_len, **{k: getattr(config, k) for k in _MUST_MATCH[1:]}}
+    for key in _MUST_MATCH:
+        if state.get(key) != ours[key]:
+            raise ValueError(
+                f"load_state_dict: the state was taken with {key}={state.get(key)!r}, "
+                f"this loader has {key}={ours[key]!r}; the batches would differ"
+            )
+    epoch, start = int(state["epoch"]), int(state["batches_done"])
+    done = frozenset(int(k) for k in state["batches_done_after"])
+    samples = int(state.get("samples_done", 0))
+    old = state.get("resharded_from")
+    base = None if old is None else (int(old["world_size"]), int(old["batches_done"]))
+    if state["world_size"] != config.world_size:
+        if not allow_reshard:
+            raise ValueError(
+                f"load_state_dict: the state was taken with world_size={state['world_size']}, this "
+                f"loader has world_size={config.world_size}; pass allow_reshard=True to spread the "
+                "rest of the epoch over the new ranks"
+            )
+        if done or base is not None:
+            raise ValueError(
+                "load_state_dict: cannot re-shard this state: "
+                + (
+                    "it has batches received out of order (ordered=False)"
+                    if done
+                    else "its epoch was already re-sharded once; finish it on the same world size"
+                )
+            )
+        return ResumePoint(epoch, 0, frozenset(), 0, (int(state["world_size"]), start))
+    if state["rank"] != config.rank:
+        raise ValueError(
+            f"load_state_dict: the state is rank {state['rank']}'s, this loader is rank {config.rank}"
+        )
+    return ResumePoint(epoch, start, done, samples, base)
+
+
+def plan_for(config: LoaderConfig, dataset_len: int, epoch: int, resume: ResumePoint | None) -> EpochPlan:
+    """The plan of ``epoch``: from its start, or from ``resume`` when that is this epoch's."""
+    common: dict[str, Any] = {
+        "batch_size": config.batch_size,
+        "shuffle": config.shuffle,
+        "seed": config.seed,
+        "epoch": epoch,
+        "drop_last": config.drop_last,
+        "rank": config.rank,
+        "world_size": config.world_size,
+        "pad": config.pad_shards,
+    }
+    if resume is None or resume.epoch != epoch:
+        return plan_epoch(dataset_len, **common)
+    if resume.base is None:
+        plan = plan_epoch(dataset_len, **common)
+    else:
+        plan = plan_remainder(
+            dataset_len, old_world_size=resume.base[0], consumed_batches=resume.base[1], **common
+        )
+    return dataclasses.replace(plan, start=min(resume.start, len(plan)), done=resume.done)

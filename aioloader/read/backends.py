@@ -1,0 +1,321 @@
+"""The clients behind :class:`~aioloader.read.remote.RemoteStore`, one per protocol of a loader:
+
+- :class:`FsspecBackend`: fsspec's asynchronous filesystems (s3fs on aiobotocore, gcsfs,
+  adlfs, aiohttp for HTTP), awaited on the loader's loop. Serves every protocol fsspec knows.
+- :class:`ObstoreBackend`: obstore (Rust's ``object_store`` on its own tokio threads), for
+  ``s3://`` and ``http(s)://``. It costs less CPU per read and keeps up at a thousand reads
+  in flight where aiohttp falls behind (``benchmarks/RESULTS.md`` §12).
+
+:func:`choose` picks one: ``storage_backend="auto"`` takes obstore where it is installed,
+serves the protocol, and every storage option has an obstore name (an S3 profile from AWS
+config files has none: then fsspec, whose botocore reads them).
+
+obstore runs only in a loader process (``loader_process=True``): its tokio runtime, threads
+and epoll descriptors, lives until its process exits, so in the trainer's process it would
+outlive ``close()``; the loader process ends with it. :func:`resolve` settles this when the
+loader is made. A loader process forked after the trainer started a tokio runtime of its
+own would inherit the runtime without its threads (a hang), so then fsspec it is.
+
+Both raise their client's own errors; :class:`~aioloader.read.remote.RemoteStore` classifies
+them. Neither retries on its own: the reader's retries are the ones counted in ``stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, Literal, Protocol
+
+from aioloader.errors import LoaderError
+
+__all__ = [
+    "Backend",
+    "FsspecBackend",
+    "ObstoreBackend",
+    "StorageBackend",
+    "choose",
+    "obstore_kwargs",
+    "resolve",
+    "tokio_started",
+]
+
+StorageBackend = Literal["auto", "fsspec", "obstore"]
+OBSTORE_PROTOCOLS = frozenset({"s3", "s3a", "http", "https"})
+#: fsspec's (s3fs's) names -> obstore's S3 names.
+_S3_NAMES = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
+_S3_CLIENT_NAMES = {"region_name": "region", "endpoint_url": "endpoint"}
+_POOL = {"max_pool_connections"}  # obstore's pool grows to what is in flight
+
+
+class Backend(Protocol):
+    async def cat(self, url: str, start: int | None, end: int | None) -> Any:
+        """The object's bytes (``start`` to ``end``, exclusive, when given), as a buffer."""
+
+    async def list_one(self, url: str, bucket: str) -> None:
+        """One listing of at most a page of keys in ``bucket``: raises why it is refused."""
+
+    async def aclose(self) -> None: ...
+
+
+def tokio_started() -> bool:
+    """Whether this process runs tokio threads (obstore's, or another Rust extension's)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith(("tokio-runtime", "tokio-rt")):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def resolve(preference: object, loader_process: bool) -> StorageBackend:
+    """``storage_backend`` as the loader will use it (see the module docstring); raises
+    ``ValueError`` for a value it does not know or obstore without a loader process."""
+    if preference not in ("auto", "fsspec", "obstore"):
+        raise ValueError(f"storage_backend={preference!r} must be 'auto', 'fsspec' or 'obstore'")
+    if preference == "obstore" and not loader_process:
+        raise ValueError(
+            "storage_backend='obstore' needs loader_process=True: obstore's runtime (threads, "
+            "epoll descriptors) lives until its process exits, and the loader process ends with close()"
+        )
+    if preference == "obstore":
+        return "obstore"
+    if preference == "auto" and loader_process and not tokio_started():
+        return "auto"
+    return "fsspec"
+
+
+def _install_hint(protocol: str, package: str | None) -> str:
+    if package in ("s3fs", "aiohttp", "obstore"):
+        return "pip install 'aioloader[remote]'"
+    if package is not None:
+        return f"pip install 'aioloader[remote]' {package}"
+    return "an fsspec filesystem for it (see fsspec's list of implementations)"
+
+
+#: Schemes fsspec serves asynchronously, and the package that does it.
+FSSPEC_PACKAGES = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "http": "aiohttp",
+    "https": "aiohttp",
+}
+
+
+class FsspecBackend:
+    """One fsspec asynchronous filesystem, made on the running loop; its connection pool
+    holds ``io_concurrency`` connections (botocore's default of 10 and aiohttp's of 100
+    would cap ``io_concurrency`` silently). Unless ``own_retries`` (listing), s3fs and
+    botocore try once: the reader's retries are the counted ones."""
+
+    def __init__(
+        self, protocol: str, options: dict[str, Any], io_concurrency: int, own_retries: bool = False
+    ) -> None:
+        try:
+            import fsspec
+        except ImportError as exc:
+            hint = _install_hint(protocol, FSSPEC_PACKAGES.get(protocol))
+            raise LoaderError(f"reading {protocol}:// URLs needs fsspec: {hint}") from exc
+        opts = dict(options)
+        if protocol in ("s3", "s3a"):
+            config = dict(opts.pop("config_kwargs", None) or {})
+            config.setdefault("max_pool_connections", io_concurrency)
+            if not own_retries:
+                # One try each in botocore and in s3fs: the reader retries, with backoff, and
+                # counts every retry in stats.read_retries (DESIGN.md, "Remote storage").
+                config.setdefault("retries", {"total_max_attempts": 1})
+            opts["config_kwargs"] = config
+        elif protocol in ("http", "https"):
+            try:
+                import aiohttp
+            except ImportError as exc:
+                raise LoaderError(
+                    "reading http(s):// URLs needs aiohttp: pip install 'aioloader[remote]'"
+                ) from exc
+            client = dict(opts.pop("client_kwargs", None) or {})
+            client.setdefault(
+                "connector", aiohttp.TCPConnector(limit=io_concurrency, limit_per_host=io_concurrency)
+            )
+            opts["client_kwargs"] = client
+        try:
+            self.fs = fsspec.filesystem(
+                "s3" if protocol == "s3a" else protocol,
+                asynchronous=True,
+                loop=asyncio.get_running_loop(),
+                skip_instance_cache=True,
+                **opts,
+            )
+        except ImportError as exc:
+            raise LoaderError(
+                f"reading {protocol}:// URLs needs {_install_hint(protocol, FSSPEC_PACKAGES.get(protocol))}"
+            ) from exc
+        except ValueError as exc:  # fsspec: "Protocol not known"
+            raise LoaderError(f"no fsspec filesystem reads {protocol}:// URLs: {exc}") from None
+        if protocol in ("s3", "s3a") and not own_retries and hasattr(self.fs, "retries"):
+            self.fs.retries = 1  # s3fs's own loop (a class attribute, not an option)
+        # s3fs asks for an object's size (a HEAD) before reading it whole, to split big
+        # objects over several requests: one request per sample is what a sample needs.
+        cat = getattr(self.fs, "_cat_file", None)
+        params = inspect.signature(cat).parameters if cat is not None else {}
+        self._whole: dict[str, Any] = {"max_concurrency": 1} if "max_concurrency" in params else {}
+
+    async def cat(self, url: str, start: int | None, end: int | None) -> Any:
+        if start is None:
+            return await self.fs._cat_file(url, **self._whole)
+        return await self.fs._cat_file(url, start=start, end=end)
+
+    async def list_one(self, url: str, bucket: str) -> None:
+        call = getattr(self.fs, "_call_s3", None)
+        if call is not None:  # s3fs
+            await call("list_objects_v2", Bucket=bucket, MaxKeys=1)
+
+    async def aclose(self) -> None:
+        s3 = getattr(self.fs, "_s3", None)
+        if s3 is not None:  # s3fs: the aiobotocore client
+            await s3.__aexit__(None, None, None)
+            return
+        session = getattr(self.fs, "_session", None)
+        if session is not None:  # HTTPFileSystem: the aiohttp session
+            await session.close()
+
+
+def obstore_kwargs(protocol: str, options: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``options`` (fsspec's names) as obstore store arguments, or None where one of them
+    has no obstore name (the caller then uses fsspec)."""
+    out: dict[str, Any] = {}
+    if protocol in ("http", "https"):
+        for name, value in options.items():
+            if name == "client_kwargs" and set(value) <= {"headers"}:
+                if value.get("headers"):
+                    out["default_headers"] = dict(value["headers"])
+            else:
+                return None
+        return out
+    for name, value in options.items():
+        if name in _S3_NAMES:
+            out[_S3_NAMES[name]] = value
+        elif name == "endpoint_url":
+            out["endpoint"] = value
+        elif name == "anon":
+            out["skip_signature"] = bool(value)
+        elif name == "client_kwargs" and isinstance(value, Mapping) and set(value) <= set(_S3_CLIENT_NAMES):
+            out.update({_S3_CLIENT_NAMES[k]: v for k, v in value.items()})
+        elif name == "config_kwargs" and isinstance(value, Mapping) and set(value) <= _POOL:
+            pass
+        else:
+            return None
+    return out
+
+
+def _aws_profile_in_use(kwargs: Mapping[str, Any]) -> bool:
+    """Credentials would come from AWS config files (a profile), which obstore does not read."""
+    if "access_key_id" in kwargs or kwargs.get("skip_signature") or os.environ.get("AWS_ACCESS_KEY_ID"):
+        return False
+    home = os.path.expanduser("~")
+    return bool(os.environ.get("AWS_PROFILE")) or any(
+        os.path.exists(os.path.join(home, ".aws", name)) for name in ("credentials", "config")
+    )
+
+
+def choose(
+    protocol: str, options: dict[str, Any], preference: StorageBackend
+) -> Literal["fsspec", "obstore"]:
+    """Which backend reads ``protocol`` with these ``options`` (see the module docstring);
+    ``preference="obstore"`` where obstore cannot serve is a :class:`LoaderError`."""
+    if preference == "fsspec":
+        return "fsspec"
+    kwargs = obstore_kwargs(protocol, options) if protocol in OBSTORE_PROTOCOLS else None
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        installed = False
+    else:
+        installed = True
+    if preference == "obstore":
+        if not installed:
+            raise LoaderError("storage_backend='obstore' needs obstore: pip install 'aioloader[remote]'")
+        if kwargs is None:
+            raise LoaderError(
+                f"storage_backend='obstore' cannot read {protocol}:// URLs with these storage_options "
+                f"(obstore serves s3:// and http(s):// with key, secret, token, endpoint_url, anon, "
+                f"client_kwargs.region_name); use storage_backend='fsspec'"
+            )
+        return "obstore"
+    if not installed or kwargs is None or (protocol in ("s3", "s3a") and _aws_profile_in_use(kwargs)):
+        return "fsspec"
+    return "obstore"
+
+
+class ObstoreBackend:
+    """obstore stores for one protocol, one per bucket (S3) or origin (HTTP), made on first
+    use and kept for the loader's life (their connection pools with them). Retries are off
+    in obstore: the reader retries and counts."""
+
+    def __init__(self, protocol: str, options: dict[str, Any], io_concurrency: int) -> None:
+        kwargs = obstore_kwargs(protocol, options)
+        assert kwargs is not None  # choose() said so
+        self._protocol = protocol
+        self._kwargs = kwargs
+        self._io = io_concurrency
+        self._stores: dict[str, Any] = {}
+        import obstore  # installed: choose() said so; imported once, not on every read
+
+        self._ob: Any = obstore
+
+    def _store(self, url: str) -> tuple[Any, str]:
+        """The store for ``url`` and the object's path in it."""
+        from obstore.store import HTTPStore, S3Store
+
+        rest = url.split("://", 1)[1]
+        root, _, path = rest.partition("/")
+        store = self._stores.get(root)
+        if store is None:
+            # Any: obstore's TypedDicts (ClientConfig, RetryConfig) want literal keys
+            client: Any = {"pool_max_idle_per_host": str(self._io)}
+            retry: Any = {"max_retries": 0, "retry_timeout": timedelta(seconds=60)}
+            if self._protocol in ("http", "https"):
+                client["allow_http"] = True
+                headers = self._kwargs.get("default_headers")
+                if headers:
+                    client["default_headers"] = headers
+                store = HTTPStore.from_url(
+                    f"{self._protocol}://{root}", client_options=client, retry_config=retry
+                )
+            else:
+                kwargs = dict(self._kwargs)
+                endpoint = str(kwargs.get("endpoint", ""))
+                if endpoint.startswith("http://"):
+                    client["allow_http"] = True
+                store = S3Store(root, client_options=client, retry_config=retry, **kwargs)
+            self._stores[root] = store
+        return store, path
+
+    async def cat(self, url: str, start: int | None, end: int | None) -> Any:
+        store, path = self._store(url)
+        if start is None:
+            got = await self._ob.get_async(store, path)
+            return await got.bytes_async()
+        return await self._ob.get_range_async(store, path, start=start, end=end)
+
+    async def list_one(self, url: str, bucket: str) -> None:
+        store, _ = self._store(url)
+        stream = self._ob.list(store, chunk_size=1)
+        try:
+            await stream.__anext__()
+        except StopAsyncIteration:  # an empty bucket: allowed
+            pass
+
+    async def aclose(self) -> None:
+        self._stores.clear()  # obstore's pools close when their stores are dropped

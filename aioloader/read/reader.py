@@ -1,0 +1,460 @@
+"""Stage 2: read whole files on the event loop through aiofiles; failures become
+:class:`~aioloader.SampleError` s naming the file (:meth:`FileReader.fetch`).
+
+aiofiles runs blocking file calls on an executor. Two things make that scale:
+
+- its own thread pool, sized to ``io_concurrency``. The loop's default executor has
+  ``min(32, cpus + 4)`` threads, which silently caps "thousands of reads in flight" at a
+  handful; on network storage each read mostly waits, so threads are what buys latency
+  hiding.
+- one executor hop per file. ``aiofiles.open`` + ``read`` + ``close`` is three hops;
+  wrapping the whole open/read/close (aiofiles' own ``wrap``) is one.
+- several files per hop while reads are fast (:meth:`FileReader.fetch_many`). A page-cached
+  file reads in tens of microseconds, less than a hop costs the loader's process (a thread
+  wake-up, two futures, the event loop's callbacks, and GIL hand-offs between dozens of
+  threads that stall every other thread of the trainer's process). So a chunk of files is
+  read in one hop on one thread, which gives up as soon as one read is slow (see
+  :class:`ReadPace`); what is left, and everything while reads are slow (network storage),
+  goes one file per hop, thousands in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from aiofiles.os import wrap
+
+from aioloader.base.threads import DaemonThreadPool
+from aioloader.decode.protocol import Source
+from aioloader.decode.slabs import Arena
+from aioloader.decode.slots import OrderedSlots
+from aioloader.errors import LoaderTimeoutError, ReadError, SampleError
+from aioloader.observe.stages import StageMeter
+from aioloader.read.backends import StorageBackend
+from aioloader.read.remote import RemoteStore, is_remote, local_path, redact
+
+__all__ = ["FileReader", "ReadPace", "Source", "read_file"]
+
+
+def read_file(path: str) -> bytes:
+    """Read a whole file with one open and, for a stable file, one read call."""
+    with open(local_path(path), "rb", buffering=0) as f:
+        return f.readall()
+
+
+def _read_into(path: str, arena: Arena) -> Source:
+    """Read ``path`` straight into ``arena`` (no intermediate bytes object); the bytes
+    themselves when it does not fit or changed size while being read."""
+    with open(local_path(path), "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        off = arena.alloc(size) if size > 0 else None
+        if off is None:
+            return f.readall()
+        view = arena.buf[off : off + size]
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        if got < size or f.read(1):  # shrank or grew under us: take what is there now
+            f.seek(0)
+            return f.readall()
+        return (off, size)
+
+
+def _read_span(path: str, span: tuple[int, int], arena: Arena | None) -> Source:
+    """``span = (offset, length)`` bytes of a local file, into ``arena`` when given and they
+    fit; an ``EINVAL`` OSError when the file ends before the span does."""
+    offset, length = span
+    with open(local_path(path), "rb", buffering=0) as f:
+        off = arena.alloc(length) if arena is not None else None
+        if arena is None or off is None:
+            data = os.pread(f.fileno(), length, offset)
+            _check_span(len(data), span)
+            return data
+        view = arena.buf[off : off + length]
+        got = 0
+        while got < length:
+            n = os.preadv(f.fileno(), [view[got:]], offset + got)
+            if not n:
+                break
+            got += n
+        _check_span(got, span)
+        return (off, length)
+
+
+def _check_span(got: int, span: tuple[int, int]) -> None:
+    if got < span[1]:
+        raise OSError(
+            errno.EINVAL,
+            f"bytes {span[0]}-{span[0] + span[1] - 1} asked for, but it ends after {span[0] + got} bytes",
+        )
+
+
+def _store_span(
+    read: Callable[[str], bytes], path: str, span: tuple[int, int], arena: Arena | None
+) -> Source:
+    """A custom ``read`` gives the whole file: the span is cut out of it."""
+    data = read(path)[span[0] : span[0] + span[1]]
+    _check_span(len(data), span)
+    return data if arena is None else _into(data, arena)
+
+
+def _store(read: Callable[[str], bytes], path: str, arena: Arena) -> Source:
+    """Run a custom ``read`` and put its bytes into ``arena`` when they fit."""
+    return _into(read(path), arena)
+
+
+def _into(data: bytes | memoryview, arena: Arena) -> Source:
+    """``data`` copied into ``arena`` when it fits, else ``data`` itself (as ``bytes``)."""
+    off = arena.alloc(len(data)) if data else None
+    if off is None:
+        return data if isinstance(data, bytes) else bytes(data)
+    arena.buf[off : off + len(data)] = data
+    return (off, len(data))
+
+
+#: errno values worth another try: the storage may answer next time. EMFILE/ENFILE (too many
+#: open files) clear as other reads finish.
+TRANSIENT = frozenset(
+    {
+        errno.EIO,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.ETIMEDOUT,
+        errno.EBUSY,
+        errno.ESTALE,
+        errno.EMFILE,
+        errno.ENFILE,
+    }
+)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt`` (1, 2, ...): 50 ms doubling, at most 2 s,
+    times a random factor in [0.5, 1.5) (jitter: thousands of reads throttled at once must
+    not all come back at the same moment)."""
+    return float(min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random()))
+
+
+def _checked(res: Source | OSError, path: str, index: int, io_concurrency: int) -> Source | SampleError:
+    """A read's result as the sample's bytes, or the :class:`ReadError` it is (the cause
+    chained without its traceback, whose frames would keep the slab mapped)."""
+    remote = is_remote(path)
+    what = "object" if remote else "file"
+    path = redact(path)
+    if isinstance(res, OSError):
+        hint = ""
+        if res.errno in (errno.EMFILE, errno.ENFILE):
+            hint = f"; raise the open-file limit (ulimit -n) or lower io_concurrency={io_concurrency}"
+        err = ReadError(f"cannot read {what}: {res.strerror or res}{hint}", path=path, index=index)
+        err.__cause__ = res.with_traceback(None)
+        return err
+    if (res[1] if isinstance(res, tuple) else len(res)) == 0:
+        return ReadError(f"empty {what}", path=path, index=index)
+    return res
+
+
+#: Group hops at once. Fast reads need no parallelism (one thread reads page-cached files
+#: at tens of thousands a second), and every extra thread in the GIL's queue delays the
+#: trainer's own threads.
+GROUP_THREADS = 2
+
+
+class ReadPace:
+    """Whether reads are fast enough to group (pure; fed from the I/O threads).
+
+    A read is *slow* past ``slow`` seconds (1 ms: far above a page-cache hit, far below a
+    network round trip). Reads are grouped while the recent slow share is small; a group
+    stops at its first slow read, and at ``budget`` seconds in all, so a group never holds
+    back the files after it for long.
+    """
+
+    slow = 0.001
+    budget = 0.004
+
+    def __init__(self) -> None:
+        self.slow_share = 0.0  # exponentially weighted share of slow reads
+
+    def observe(self, seconds: float) -> None:
+        self.slow_share = 0.9 * self.slow_share + 0.1 * (seconds > self.slow)
+
+    @property
+    def fast(self) -> bool:
+        return self.slow_share < 0.2
+
+
+def _timed(pace: ReadPace, fn: Callable[..., Source], *args: Any) -> Source:
+    start = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        pace.observe(time.perf_counter() - start)
+
+
+def _read_group(one: Callable[[str], Source], paths: list[str], pace: ReadPace) -> list[Source | OSError]:
+    """Read ``paths`` in order on this thread until one read is slow or the budget is spent;
+    the results of those attempted (the rest are left to the caller)."""
+    out: list[Source | OSError] = []
+    start = time.perf_counter()
+    for path in paths:
+        t = time.perf_counter()
+        try:
+            out.append(one(path))
+        except OSError as exc:
+            out.append(exc.with_traceback(None))
+        now = time.perf_counter()
+        pace.observe(now - t)
+        if now - t > pace.slow or now - start > pace.budget:
+            break
+    return out
+
+
+class FileReader:
+    """Reads files with at most ``io_concurrency`` reads in flight, a limit
+    :meth:`set_limit` may move up to ``max_io`` (default ``io_concurrency``) while reading.
+
+    ``read`` is the blocking ``path -> bytes`` function run on the I/O threads (default
+    :func:`read_file`; a custom one reads from another store, or injects faults and delays
+    in tests and benchmarks). A transient ``OSError`` (:data:`TRANSIENT`) is retried
+    ``retries`` times with :func:`backoff`; ``on_retry`` is told each time. Created on any
+    thread; the reads must be awaited on the loader's loop.
+    """
+
+    def __init__(
+        self,
+        io_concurrency: int,
+        read: Callable[[str], bytes] | None = None,
+        retries: int = 2,
+        on_retry: Callable[[str, OSError], None] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        storage_backend: StorageBackend = "auto",
+        meter: StageMeter | None = None,
+        max_io: int | None = None,
+    ) -> None:
+        #: Reads in flight at most, now (see :meth:`set_limit`).
+        self.io_concurrency = io_concurrency
+        self.max_io = max(io_concurrency, max_io or io_concurrency)
+        #: Reads in flight (holding one of the ``io_concurrency`` slots) and their latency.
+        self.meter = meter if meter is not None else StageMeter("read", bound=io_concurrency)
+        # URLs go to the remote store unless a custom ``read`` takes every path itself.
+        self.remote = RemoteStore(storage_options, self.max_io, storage_backend) if read is None else None
+        self.retries = retries
+        self._on_retry = on_retry
+        self.pace = ReadPace()
+        self._plain = read or read_file
+        self._plain_into = _read_into if read is None else partial(_store, read)
+        # One file per hop: timed on the I/O thread, so the pace sees the read, not its wait.
+        self._read = wrap(partial(_timed, self.pace, self._plain))
+        self._read_into = wrap(partial(_timed, self.pace, self._plain_into))
+        self._read_span = wrap(
+            partial(_timed, self.pace, _read_span if read is None else partial(_store_span, read))
+        )
+        # Threads start on demand: as many as reads have been in flight at once.
+        self._pool = DaemonThreadPool(self.max_io, thread_name_prefix="aioloader-io")
+        self._sem: OrderedSlots | None = None  # first come, first served (one key)
+        self._groups: asyncio.Semaphore | None = None  # group hops running at once
+
+    def set_limit(self, limit: int) -> None:
+        """At most ``limit`` (1..``max_io``) reads in flight from now on; reads over it
+        finish, and no new one starts until fewer are in flight. On the loader's loop."""
+        limit = max(1, min(self.max_io, limit))
+        self.io_concurrency = limit
+        self.meter.bound = self.meter.capacity = limit
+        if self._sem is not None:
+            self._sem.set_limit(limit)
+
+    def _slots(self) -> OrderedSlots:
+        if self._sem is None:  # created lazily so it binds to the loader's loop
+            self._sem = OrderedSlots(self.io_concurrency)
+        return self._sem
+
+    async def read(self, path: str, failed: OSError | None = None) -> bytes:
+        """The file's bytes; raises the ``OSError`` of the last failed try. ``failed``: a
+        first try already failed with that (transient) error."""
+        if self.remote is not None and is_remote(path):
+            got: bytes = await self._retrying(path, failed, self._cat, path, None)
+            return got
+        data: bytes = await self._retrying(path, failed, self._read, path)
+        return data
+
+    async def read_into(self, path: str, arena: Arena, failed: OSError | None = None) -> Source:
+        """Like :meth:`read`, but into ``arena`` when the file fits (one executor hop)."""
+        if self.remote is not None and is_remote(path):
+            got: Source = await self._retrying(path, failed, self._cat, path, arena)
+            return got
+        src: Source = await self._retrying(path, failed, self._read_into, path, arena)
+        return src
+
+    async def read_span(
+        self, path: str, span: tuple[int, int], arena: Arena | None, failed: OSError | None = None
+    ) -> Source:
+        """``span = (offset, length)`` bytes of the file or object (into ``arena`` when
+        given and they fit); an ``EINVAL`` OSError when it ends before the span does."""
+        if self.remote is not None and is_remote(path):
+            got: Source = await self._retrying(path, failed, self._cat, path, arena, span)
+            return got
+        src: Source = await self._retrying(path, failed, self._read_span, path, span, arena)
+        return src
+
+    async def _cat(
+        self, url: str, arena: Arena | None, span: tuple[int, int] | None = None, executor: Any = None
+    ) -> Source:
+        """A remote object (or ``span`` of it), awaited on this loop (no thread); into
+        ``arena`` when it fits."""
+        assert self.remote is not None
+        start, end = (None, None) if span is None else (span[0], span[0] + span[1])
+        got = await self.remote.cat(url, start, end)
+        # fsspec gives bytes, obstore a buffer of its own (copied once, below: into the arena)
+        data: bytes | memoryview = got if isinstance(got, bytes) else memoryview(got)
+        if span is not None:
+            if len(data) > span[1]:  # a server that ignores Range sends the whole object
+                data = data[span[0] : span[0] + span[1]]
+            _check_span(len(data), span)
+        if arena is None:
+            return data if isinstance(data, bytes) else bytes(data)
+        return _into(data, arena)
+
+    async def fetch_many(
+        self,
+        items: list[tuple[int, str]],
+        arena: Arena | None,
+        timeout: float | None,
+        spans: list[tuple[int, int] | None] | None = None,
+    ) -> list[Source | SampleError]:
+        """The bytes (or the :class:`SampleError`) of each ``(index, path)`` (only the
+        ``(offset, length)`` of ``spans[i]`` when given), as :meth:`fetch` would give them;
+        while reads of whole local files are fast (and no ``timeout`` bounds them), several
+        are read in one hop (see the module docstring)."""
+        done: list[Source | SampleError] = []
+        failed: OSError | None = None  # a transient error of the group: retried below
+        local = self.remote is None or not any(is_remote(path) for _, path in items)
+        whole = spans is None or all(s is None for s in spans)
+        if timeout is None and self.pace.fast and len(items) > 1 and local and whole:
+            paths = [path for _, path in items]
+            one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
+            if self._groups is None:
+                self._groups = asyncio.Semaphore(GROUP_THREADS)
+            async with self._groups, self._slots().slot(()):
+                loop = asyncio.get_running_loop()
+                entered = self.meter.enter()  # one I/O slot, its files read one after another
+                got: list[Source | OSError] = []
+                try:
+                    got = await loop.run_in_executor(self._pool, _read_group, one, paths, self.pace)
+                finally:
+                    self.meter.leave(entered, per=len(got))
+            for (index, path), res in zip(items, got, strict=False):
+                if isinstance(res, OSError) and res.errno in TRANSIENT:
+                    failed = res
+                    break
+                done.append(_checked(res, path, index, self.io_concurrency))
+        start = len(done)
+        if start < len(items):
+            singles = [
+                self._fetch_or_error(
+                    path, index, arena, timeout, failed if i == start else None, spans[i] if spans else None
+                )
+                for i, (index, path) in enumerate(items)
+                if i >= start
+            ]
+            done.extend(await asyncio.gather(*singles))
+        return done
+
+    async def _fetch_or_error(
+        self,
+        path: str,
+        index: int,
+        arena: Arena | None,
+        timeout: float | None,
+        failed: OSError | None,
+        span: tuple[int, int] | None,
+    ) -> Source | SampleError:
+        try:
+            return await self.fetch(path, index, arena, timeout, failed, span)
+        except SampleError as err:
+            return err
+
+    async def fetch(
+        self,
+        path: str,
+        index: int,
+        arena: Arena | None,
+        timeout: float | None,
+        failed: OSError | None = None,
+        span: tuple[int, int] | None = None,
+    ) -> Source:
+        """Sample ``index``'s bytes (only ``span = (offset, length)`` of them when given;
+        into ``arena`` when given and they fit). Raises
+        :class:`ReadError` (missing, unreadable, empty, I/O error after the retries) or
+        :class:`LoaderTimeoutError` past ``timeout`` seconds, retries included; after a
+        timeout the abandoned read may still write into ``arena``."""
+        # Errors are built outside the except blocks and chained to a cause without its
+        # traceback: a traceback's frames would keep ``arena`` (the whole slab) mapped for
+        # as long as the error lives (in a log handler, say).
+        failure: OSError | None = None
+        timed_out = False
+        src: Source = b""
+        try:
+            if span is not None:
+                reading = self.read_span(path, span, arena, failed)
+            elif arena is None:
+                reading = self.read(path, failed)
+            else:
+                reading = self.read_into(path, arena, failed)
+            src = await asyncio.wait_for(reading, timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+        except OSError as exc:
+            failure = exc.with_traceback(None)
+        if timed_out:
+            raise LoaderTimeoutError(
+                f"read took longer than sample_timeout={timeout}s", path=redact(path), index=index
+            )
+        checked = _checked(src if failure is None else failure, path, index, self.io_concurrency)
+        if isinstance(checked, SampleError):
+            raise checked
+        return checked
+
+    async def _retrying(self, path: str, failed: OSError | None, fn: Callable[..., Any], *args: Any) -> Any:
+        slots = self._slots()
+        attempt = 0
+        if failed is not None:  # the first try was part of a group read
+            attempt = 1
+            if attempt > self.retries:
+                raise failed
+            if self._on_retry is not None:
+                self._on_retry(path, failed)
+            await asyncio.sleep(backoff(attempt))
+        while True:
+            try:
+                async with slots.slot(()):
+                    entered = self.meter.enter()
+                    try:
+                        return await fn(*args, executor=self._pool)
+                    finally:
+                        self.meter.leave(entered)
+            except OSError as exc:
+                attempt += 1
+                if exc.errno not in TRANSIENT or attempt > self.retries:
+                    raise
+                if self._on_retry is not None:
+                    self._on_retry(path, exc)
+                await asyncio.sleep(backoff(attempt))
+
+    async def aclose(self) -> None:
+        """Close the remote store's connections (on the loader's loop, before it stops)."""
+        if self.remote is not None:
+            await self.remote.aclose()
+
+    def close(self, grace: float = 2.0) -> list[str]:
+        """Stop the I/O threads; returns the names of those abandoned in a hung read."""
+        self._pool.shutdown(wait=True, cancel_futures=True, grace=grace)
+        return self._pool.stuck

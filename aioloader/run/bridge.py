@@ -1,0 +1,138 @@
+"""The ``aioloader-transfer`` bridging thread and the per-epoch :class:`Run` it serves.
+
+The thread sits between the engine's ready queue (an ``asyncio.Queue`` on the loader's loop)
+and the trainer: it pulls each batch, has :class:`~aioloader.run.device.DeviceCopier` copy it to
+the device, and puts it into the run's :class:`~aioloader.run.handoff.Handoff`. Runs are served
+one after another; a cancelled run is abandoned at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from typing import Protocol
+
+from aioloader.base.items import Batch, End, Failure, Item
+from aioloader.errors import LoaderError
+from aioloader.observe.stages import StageMeter
+from aioloader.run.device import DeviceCopier
+from aioloader.run.handoff import Handoff
+
+__all__ = ["Bridge", "Run", "Source"]
+
+
+class Source(Protocol):
+    """What the bridge serves: a :class:`Run` on this process's loop, or a
+    :class:`~aioloader.run.procruntime.PipeRun` from a loader process."""
+
+    handoff: Handoff[Item]
+    cancelled: bool
+
+    def next_ready(self) -> Item | None: ...
+
+    def cancel(self) -> None: ...
+
+
+class Run:
+    """One pass over an epoch: the engine's task and ready queue, and the hand-off to the
+    trainer. ``cancel`` may be called from any thread, any number of times."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, prefetch: int) -> None:
+        self.loop = loop
+        # Created off-loop: asyncio.Queue binds to a loop on first use, not here.
+        self.queue: asyncio.Queue[Item] = asyncio.Queue(prefetch)
+        self.handoff: Handoff[Item] = Handoff(1)
+        self.task: asyncio.Task[None] | None = None
+        self.cancelled = False
+        self._lock = threading.Lock()
+        self._pending: concurrent.futures.Future[Item] | None = None
+
+    def next_ready(self) -> Item | None:
+        """Next item of the ready queue, from the bridging thread; None once cancelled."""
+        with self._lock:
+            if self.cancelled:
+                return None
+            fut = asyncio.run_coroutine_threadsafe(self.queue.get(), self.loop)
+            self._pending = fut
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            return None
+        finally:
+            self._pending = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            pending = self._pending
+        self.handoff.close()
+        if pending is not None:
+            pending.cancel()
+        try:
+            self.loop.call_soon_threadsafe(self._cancel_task)
+        except RuntimeError:  # the loop is already closed: nothing runs there any more
+            pass
+
+    def _cancel_task(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class Bridge:
+    """The ``aioloader-transfer`` thread: serves runs one after another until stopped."""
+
+    def __init__(self, copier: DeviceCopier, meter: StageMeter | None = None) -> None:
+        self.copier = copier
+        self.meter = meter if meter is not None else StageMeter("transfer")
+        self._runs: queue.SimpleQueue[Source | None] = queue.SimpleQueue()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="aioloader-transfer", daemon=True)
+        self.thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            raise LoaderError(f"cannot start the transfer thread for {copier.device}") from self._start_error
+
+    def serve(self, run: Source) -> None:
+        self._runs.put(run)
+
+    def stop(self, timeout: float) -> None:
+        self._runs.put(None)
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
+    def _main(self) -> None:
+        try:
+            self.copier.start()
+        except BaseException as exc:  # noqa: BLE001 - reported to the constructor
+            self._start_error = exc
+            self._started.set()
+            return
+        self._started.set()
+        try:
+            while (run := self._runs.get()) is not None:
+                self._serve(run)
+        finally:
+            self.copier.close()
+
+    def _serve(self, run: Source) -> None:
+        try:
+            while (item := run.next_ready()) is not None:
+                if isinstance(item, Batch):
+                    entered = self.meter.enter()
+                    try:
+                        item.value, item.event = self.copier.to_device(item.value)
+                    except Exception as exc:  # noqa: BLE001 - goes to the trainer in order
+                        err = LoaderError(f"copying batch {item.index} to {self.copier.device} failed: {exc}")
+                        err.__cause__ = exc
+                        item = Failure(err)
+                    finally:
+                        self.meter.leave(entered)
+                if not run.handoff.put(item) or isinstance(item, (End, Failure)):
+                    return
+        finally:
+            run.handoff.close()

@@ -1,0 +1,287 @@
+"""The loader process (``loader_process=True``): the event loop, the reads, the decode pool
+and ``collate`` of one loader, away from the trainer's process and its GIL.
+
+It is forked by the zygote (:mod:`.decode.zygote`), so it starts in milliseconds with what
+the trainer had imported, and asks the same zygote for its decode workers
+(:func:`~.decode.zygote.adopt`). It ends with the trainer, however the trainer ends
+(:func:`~.lifeline.follow_parent`). Its event loop runs on its main thread.
+
+Two channels join it to the trainer (:mod:`.procruntime`)::
+
+    trainer --- control Connection: ("run", id, epoch, resume, restore) ("cancel", id)
+                ("close",) --->  loader
+    trainer <-- the same Connection: ("ready",) ("item", id, ...) ("end", id, ...)
+                ("fail", id, ...) ("log", record) -------------------------------  loader
+    trainer --- back pipe, one os.write per line: b"R <slab>" (a batch's views are all
+                garbage) b"C <id>" (the bridge took an item: one more may be sent) --->
+
+Flow control: at most ``prefetch`` items of a run are sent and not yet taken. A batch's
+value is kept here until the trainer reports its slab released, so the slab is not reused
+while the trainer's tensors view it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+from collections import defaultdict, deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+from aioloader.base.items import Batch, End, Failure, Item
+from aioloader.config import LoaderConfig
+from aioloader.dataset import FileDataset
+from aioloader.decode import forking, zygote
+from aioloader.errors import LoaderError
+from aioloader.observe.stats import Counters
+from aioloader.plan.resume import ResumePoint, plan_for
+from aioloader.run.pipeline import Pipeline, build
+from aioloader.run.wire import Located, encode, pack_error
+from aioloader.safety import lifeline
+
+__all__ = ["main"]
+
+logger = logging.getLogger("aioloader")
+
+
+def main(
+    conn: Connection,
+    back: Connection,
+    pickled_config: bytes,
+    dataset: FileDataset,
+    where: tuple[Any, int] | None,
+    log_level: int = logging.WARNING,
+) -> None:
+    """The loader process's whole life (the ``target`` the trainer starts it with);
+    ``pickled_config``: the :class:`LoaderConfig`, unpickled here so that a callable that
+    does not load in this process is the trainer's error at start, not this process's
+    traceback; ``log_level``: the trainer's ``aioloader`` logger's, when it started this
+    process."""
+    forking.become("loader")
+    lifeline.follow_parent()
+    # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.freeze()  # what was copied from the trainer is never collected here
+    if where is not None:
+        zygote.adopt(where)
+    send = Sender(conn)
+    _forward_logs(send, log_level)
+    try:
+        config: LoaderConfig = pickle.loads(pickled_config)
+    except BaseException as exc:  # noqa: BLE001 - the trainer raises it
+        send(("ready", pack_error(exc)))
+        return
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is optional
+        loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(Host(conn, back, config, dataset, send).serve())
+    finally:
+        loop.close()
+
+
+class Sender:
+    """Sends on the Connection from any thread (the loop's, and a log line's)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def __call__(self, msg: tuple[Any, ...]) -> None:
+        self.raw(pickle.dumps(msg, protocol=5))
+
+    def raw(self, data: bytes) -> None:
+        with self.lock:
+            self.conn.send_bytes(data)
+
+
+def _forward_logs(send: Sender, level: int) -> None:
+    """``aioloader`` log records of ``level`` and up go to the trainer, whose handlers emit
+    them."""
+    log = logging.getLogger("aioloader")
+    log.setLevel(level)
+    for h in list(log.handlers):
+        log.removeHandler(h)
+    log.propagate = False
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                record.msg, record.args = record.getMessage(), None
+                if record.exc_info:
+                    record.exc_text = logging.Formatter().formatException(record.exc_info)
+                    record.exc_info = None
+                send(("log", record))
+            except Exception:  # noqa: BLE001 - a log line must never stop loading
+                pass
+
+    log.addHandler(Forward())
+
+
+class Host:
+    """Serves the trainer's runs with one :class:`~.pipeline.Pipeline`."""
+
+    def __init__(
+        self, conn: Connection, back: Connection, config: LoaderConfig, dataset: FileDataset, send: Sender
+    ) -> None:
+        self.conn = conn
+        self.back = back
+        self.config = config
+        self.dataset = dataset
+        self.send = send
+        self.counters = Counters.for_loader(config, dataset.path(0))
+        self.parts: Pipeline | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.run_id = -1
+        self.credits: asyncio.Semaphore | None = None
+        # The values of batches the trainer still views, by slab name.
+        self.held: defaultdict[str, deque[Any]] = defaultdict(deque)
+        self._partial = b""
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.closed = asyncio.Event()
+        try:
+            parent = mp.parent_process()  # the trainer: the tuner leaves its CPUs alone
+            self.parts = build(
+                self.config, self.dataset, self.counters, parent.pid if parent is not None else None
+            )
+        except BaseException as exc:  # noqa: BLE001 - the trainer raises it
+            self.send(("ready", pack_error(exc)))
+            return
+        # The control messages are read by a thread of their own: the loop's add_reader would
+        # make the socket non-blocking, and it is also the one the items are written to.
+        threading.Thread(
+            target=self._read_control, args=(loop,), name="aioloader-control", daemon=True
+        ).start()
+        loop.add_reader(self.back.fileno(), self._on_back)
+        self.send(("ready", None))
+        try:
+            await self.closed.wait()
+        finally:
+            loop.remove_reader(self.back.fileno())
+            await self._stop_run()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=5)
+            self.held.clear()
+            try:
+                await asyncio.wait_for(self.parts.reader.aclose(), timeout=2.0)
+            except Exception:  # noqa: BLE001 - closing must go on
+                pass
+            self.parts.close(grace=1.0)
+
+    def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                msg = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                msg = ("close",)
+            try:
+                loop.call_soon_threadsafe(self._on_control, msg)
+            except RuntimeError:  # the loop is closed: the process is ending
+                return
+            if msg[0] == "close":
+                return
+
+    def _on_control(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "run":
+            _, run_id, epoch, resume, restore = msg
+            self._start_run(run_id, epoch, resume, restore)
+        elif kind == "cancel" and msg[1] == self.run_id and self.task is not None:
+            self.task.cancel()
+        elif kind == "close":
+            self.closed.set()
+
+    def _on_back(self) -> None:
+        try:
+            data = os.read(self.back.fileno(), 65536)
+        except OSError:
+            data = b""
+        if not data:
+            self.closed.set()
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            kind, _, arg = line.partition(b" ")
+            if kind == b"R":
+                values = self.held.get(arg.decode())
+                if values:
+                    values.popleft()  # its views go: the slab returns to the pool
+            elif kind == b"C" and int(arg) == self.run_id and self.credits is not None:
+                self.credits.release()
+
+    def _start_run(
+        self, run_id: int, epoch: int, resume: ResumePoint | None, restore: tuple[dict[str, int], int] | None
+    ) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if restore is not None:
+            self.counters.restore_failures(*restore)
+        self.run_id = run_id
+        self.credits = asyncio.Semaphore(self.config.prefetch)
+        plan = plan_for(self.config, len(self.dataset), epoch, resume)
+        self.task = asyncio.get_running_loop().create_task(self._run(run_id, plan, self.credits))
+
+    async def _stop_run(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _run(self, run_id: int, plan: Any, credits: asyncio.Semaphore) -> None:
+        assert self.parts is not None
+        queue: asyncio.Queue[Item] = asyncio.Queue(1)
+        producer = asyncio.get_running_loop().create_task(self.parts.engine.produce(plan, queue))
+        try:
+            while True:
+                item = await queue.get()
+                await credits.acquire()
+                try:
+                    self._send_item(run_id, item)
+                except Exception as exc:  # noqa: BLE001 - a bug of ours must still reach the trainer
+                    err = LoaderError(f"loading stopped: {type(exc).__name__}: {exc}")
+                    err.__cause__ = exc
+                    self.send(("fail", run_id, pack_error(err), self.counters.loader_side()))
+                    return
+                if not isinstance(item, Batch):
+                    return
+        finally:
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+
+    def _send_item(self, run_id: int, item: Item) -> None:
+        counts = self.counters.loader_side()
+        if isinstance(item, End):
+            self.send(("end", run_id, counts))
+            return
+        if isinstance(item, Failure):
+            self.send(("fail", run_id, pack_error(item.error), counts))
+            return
+        slabs = self.parts.slabs.live_slabs() if self.parts is not None and self.parts.slabs else []
+        located = [Located(s.handle, s.address, s.layout.size) for s in slabs]
+        treedef, leaves, handles = encode(item.value, located)
+        msg = ("item", run_id, item.index, item.size, item.done, treedef, leaves, handles, counts)
+        try:
+            data = pickle.dumps(msg, protocol=5)
+        except Exception as exc:  # noqa: BLE001 - the trainer learns why, in order
+            err = LoaderError(
+                f"batch {item.index} cannot be sent to the trainer's process "
+                f"(loader_process=True): {type(exc).__name__}: {exc}"
+            )
+            self.send(("fail", run_id, pack_error(err), counts))
+            return
+        for handle in handles:
+            self.held[handle.name].append(item.value)
+        self.send.raw(data)

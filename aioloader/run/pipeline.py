@@ -1,0 +1,139 @@
+"""The parts that load batches, whichever process they run in: the reader's threads, the
+decode pool, the slab pool, the collate thread and the :class:`~aioloader.engine.epoch.Engine`.
+
+:func:`build` makes them for one loader; :meth:`Pipeline.close` stops them. The trainer's
+process runs them on its ``aioloader-loop`` thread (:mod:`.runtime`), or a loader process
+of their own does (:mod:`.loaderproc`, ``loader_process=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from aioloader.config import LoaderConfig
+from aioloader.dataset import FileDataset
+from aioloader.decode.pool import DecodePool
+from aioloader.decode.segments import FDS_PER_SLAB, MEMFD, choose_kind
+from aioloader.decode.slabs import SlabPool
+from aioloader.engine.epoch import Engine, declared_layout, pooled_slabs
+from aioloader.observe.stats import Counters
+from aioloader.read.reader import FileReader
+from aioloader.tune.tuner import MAX_AUTO_IO
+
+__all__ = ["Pipeline", "build", "io_concurrency_for_fd_limit"]
+
+logger = logging.getLogger("aioloader")
+
+
+def io_concurrency_for_fd_limit(
+    wanted: int, num_workers: int = 0, slab_rows: int = 0, prefetch: int = 0, slab_fds: int = 0
+) -> int:
+    """``wanted`` reads in flight, or fewer when the open-file limit (``ulimit -n``) would
+    run out: each read holds one fd, each worker process about four in the parent (pipes and
+    its sentinel), and half of what is left stays for everything else. With memfd slabs of
+    ``slab_rows`` rows, each slab holds ``slab_fds`` too, and there is one slab per
+    ``slab_rows`` reads in flight, plus those of the batches queued (``prefetch``) and a few
+    more (see :func:`~.engine.pooled_slabs`)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        in_use = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError, ValueError):
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    spare = (soft - in_use - 16 - 4 * num_workers) // 2
+    if slab_rows > 0 and slab_fds > 0:
+        spare = (spare - slab_fds * (prefetch + 6)) * slab_rows // (slab_rows + slab_fds)
+    return max(1, min(wanted, spare))
+
+
+def _fd_soft_limit() -> int:
+    import resource
+
+    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def slabs_pooled(config: LoaderConfig, max_io: int | None = None) -> int:
+    """Slabs the pipeline may hold with ``max_io`` reads in flight (see
+    :func:`~.engine.pooled_slabs`); ``max_io`` defaults to the most ``io_concurrency`` may
+    reach."""
+    if max_io is None:
+        max_io = MAX_AUTO_IO if config.io_auto else config.io_concurrency
+    return pooled_slabs(max_io, config.batch_size, config.prefetch)
+
+
+@dataclass
+class Pipeline:
+    """One loader's loading parts (see the module docstring)."""
+
+    config: LoaderConfig
+    engine: Engine
+    reader: FileReader
+    pool: DecodePool | None
+    slabs: SlabPool | None
+    collate_pool: ThreadPoolExecutor
+
+    def close(self, grace: float) -> None:
+        """Stop the workers (``grace`` seconds for a decode in progress), the reader's and
+        the collate thread, and close the slabs. Run it once the engine's tasks are done."""
+        if self.pool is not None:
+            self.pool.close(grace)
+        self.reader.close()
+        self.collate_pool.shutdown(wait=True, cancel_futures=True)
+        if self.slabs is not None:
+            self.slabs.close()
+
+
+def build(
+    config: LoaderConfig, dataset: FileDataset, counters: Counters, trainer_pid: int | None = None
+) -> Pipeline:
+    """The parts for ``config`` (``io_concurrency`` lowered if the open-file limit needs
+    it; with ``"auto"``, its range bounded by that limit); the decode pool's workers start
+    lazily, on the first batch. ``trainer_pid``: in a loader process, the trainer's."""
+    kind = choose_kind() if config.decode is not None else None
+    # memfd slabs hold a descriptor each: they share the open-file limit with the reads.
+    fds = (config.batch_size, config.prefetch, FDS_PER_SLAB) if kind == MEMFD else (0, 0, 0)
+    max_io = config.io_concurrency
+    if config.io_auto:
+        max_io = io_concurrency_for_fd_limit(MAX_AUTO_IO, config.num_workers, *fds)
+        config = dataclasses.replace(config, io_concurrency=min(config.io_concurrency, max_io))
+        counters.set_io_concurrency(config.io_concurrency)
+    io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers, *fds)
+    if io < config.io_concurrency:
+        logger.warning(
+            "io_concurrency=%d lowered to %d: the open-file limit (ulimit -n) is %d; raise it "
+            "with `ulimit -n` for more reads in flight",
+            config.io_concurrency,
+            io,
+            _fd_soft_limit(),
+        )
+        config = dataclasses.replace(config, io_concurrency=io)
+        counters.set_io_concurrency(io)
+    pool = slabs = None
+    if config.decode is not None:
+        pool = DecodePool(
+            config.sent["decode"], config.num_workers, config.max_worker_restarts, f"decode={config.decode!r}"
+        )
+        if kind is not None:  # else every sample crosses the pipe, pickled
+            # Sized for the reads in flight now; the tuner moves it with them.
+            pooled = pooled_slabs(config.io_concurrency, config.batch_size, config.prefetch)
+            slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode), kind)
+    reader = FileReader(
+        config.io_concurrency,
+        config.read,
+        config.read_retries,
+        on_retry=lambda path, exc: counters.retried(),
+        storage_options=config.storage_options,
+        storage_backend=config.storage_backend,
+        meter=counters.meters["read"],
+        max_io=max_io,
+    )
+    collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
+    engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid)
+    return Pipeline(config, engine, reader, pool, slabs, collate_pool)

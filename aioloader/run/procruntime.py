@@ -1,0 +1,313 @@
+"""The trainer's side of a loader that runs in a loader process (``loader_process=True``).
+
+:class:`ProcessRuntime` has the interface of :class:`~aioloader.run.runtime.Runtime`
+(``start_run``, ``copier``, ``check_owner``, ``shutdown``), but the trainer's process holds
+only the ``aioloader-transfer`` bridging thread: it reads the loader process's messages
+(:class:`PipeRun`), maps the batches' slabs (:mod:`.wire`), copies them to the device and
+hands them to the trainer. Everything else runs in the loader process
+(:mod:`.loaderproc`, which draws the two channels between them).
+
+Shutdown, idempotent and bounded like the in-process one: cancel the run, stop the bridge,
+ask the loader process to close (it stops its workers and closes its slabs), wait up to a
+few ``grace`` periods, then kill it. Batches the trainer still holds stay valid: their
+mappings outlive the loader process's descriptors and names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+from multiprocessing import connection
+from multiprocessing.connection import Connection
+from typing import Any
+
+from aioloader.base.items import END, Batch, Failure, Item
+from aioloader.config import LoaderConfig
+from aioloader.dataset import FileDataset
+from aioloader.decode import zygote
+from aioloader.errors import LoaderError
+from aioloader.observe.stats import Counters
+from aioloader.plan.resume import ResumePoint
+from aioloader.plan.sampler import EpochPlan
+from aioloader.run import loaderproc, runtime, wire
+from aioloader.run.bridge import Bridge
+from aioloader.run.device import DeviceCopier
+from aioloader.run.handoff import Handoff
+from aioloader.run.pipeline import slabs_pooled
+from aioloader.safety import gcfreeze
+
+__all__ = ["NoZygote", "PipeRun", "ProcessRuntime"]
+
+START_TIMEOUT = 120.0  # seconds for the loader process to build its pipeline
+
+
+class NoZygote(Exception):
+    """No zygote can be made here: the loader runs in the trainer's process instead."""
+
+
+class _Channel:
+    """The trainer's ends of the two channels (see :mod:`.loaderproc`)."""
+
+    def __init__(self, conn: Connection, back_w: int, counters: Counters, maps: int) -> None:
+        self.conn = conn
+        self.counters = counters
+        self.maps = wire.SlabMaps(maps)
+        self.eof = False
+        self._back_w = back_w
+        self._control = threading.Lock()
+        # Re-entrant: a finalizer writing a line may run inside another write of this thread
+        # (garbage collection happens at any allocation); each line is one atomic os.write.
+        self._back = threading.RLock()
+        self._back_open = True
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+
+    def control(self, msg: tuple[Any, ...]) -> None:
+        """Send ``msg`` to the loader process (any thread); lost if it is gone."""
+        data = pickle.dumps(msg, protocol=5)
+        with self._control:
+            try:
+                self.conn.send_bytes(data)
+            except OSError:
+                pass
+
+    def back(self, line: bytes) -> None:
+        """One line on the back pipe (any thread, finalizers included); lost once closed."""
+        with self._back:
+            if self._back_open:
+                try:
+                    os.write(self._back_w, line + b"\n")
+                except OSError:  # the loader process is gone
+                    pass
+
+    def wake(self) -> None:
+        """Make a :meth:`recv` waiting now (or next) return None."""
+        try:
+            os.write(self._wake_w, b"!")
+        except OSError:
+            pass
+
+    def recv(self) -> tuple[Any, ...] | None:
+        """The next message for a run (bridge thread only); log records are emitted here.
+        None when woken by :meth:`wake`, or at end of file (``eof`` is then True)."""
+        while True:
+            if self.eof:
+                return None
+            ready = connection.wait([self.conn, self._wake_r])
+            if self._wake_r in ready:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                return None
+            try:
+                msg: tuple[Any, ...] = pickle.loads(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                self.eof = True
+                return None
+            if msg[0] == "log":
+                record: logging.LogRecord = msg[1]
+                logging.getLogger(record.name).handle(record)
+                continue
+            return msg
+
+    def to_item(self, msg: tuple[Any, ...]) -> Item:
+        kind = msg[0]
+        if kind == "end":
+            self.counters.absorb(msg[2])
+            return END
+        if kind == "fail":
+            self.counters.absorb(msg[3])
+            return Failure(wire.unpack_error(msg[2]))
+        _, _, index, size, done, treedef, leaves, handles, counts = msg
+        self.counters.absorb(counts)
+        tags = [b"R " + h.name.encode() for h in handles]
+        try:
+            buffers = [self.maps.get(h) for h in handles]
+        except OSError as exc:  # its slab is gone (the loader process is closing) or cannot be mapped
+            for tag in tags:
+                self.back(tag)
+            return Failure(LoaderError(f"batch {index}: its shared memory is gone: {exc}"))
+        value = wire.decode(treedef, leaves, buffers, lambda i: self.back(tags[i]))
+        return Batch(index=index, value=value, size=size, done=done)
+
+    def discard(self, msg: tuple[Any, ...]) -> None:
+        """An item of a run nobody serves any more: its slabs go back at once."""
+        if msg[0] == "item":
+            for h in msg[7]:
+                self.back(b"R " + h.name.encode())
+
+    def close(self) -> None:
+        with self._back:
+            self._back_open = False
+            os.close(self._back_w)
+        self.conn.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self.maps.close()
+
+
+class PipeRun:
+    """One pass over an epoch, served from the loader process (the bridge's run)."""
+
+    def __init__(self, channel: _Channel, run_id: int, exitcode: Any) -> None:
+        self.id = run_id
+        self.handoff: Handoff[Item] = Handoff(1)
+        self.cancelled = False
+        self._channel = channel
+        self._exitcode = exitcode
+        self._lock = threading.Lock()
+
+    def next_ready(self) -> Item | None:
+        """Next item of this run (bridging thread only); None once cancelled."""
+        ch = self._channel
+        while not self.cancelled:
+            msg = ch.recv()
+            if msg is None:
+                if ch.eof and not self.cancelled:
+                    return Failure(
+                        LoaderError(f"the loader process exited unexpectedly (exit code {self._exitcode()})")
+                    )
+                continue
+            if msg[1] != self.id:
+                ch.discard(msg)
+                continue
+            if msg[0] == "item":
+                ch.back(b"C %d" % self.id)  # taken: the loader process may send one more
+            return ch.to_item(msg)
+        return None
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+        self.handoff.close()
+        self._channel.wake()
+        self._channel.control(("cancel", self.id))
+
+
+class ProcessRuntime(runtime.RuntimeBase):
+    """A started loader whose pipeline runs in a loader process (see the module)."""
+
+    def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
+        ctx = zygote.context()
+        where = zygote.address()
+        if ctx is None or where is None:
+            raise NoZygote
+        self.config = config
+        self.counters = counters
+        self._ids = 0
+        self._restores = counters.restores
+        self.pool = self.slabs = None  # they live in the loader process
+        conn, child = connection.Pipe(duplex=True)
+        back_r, back_w = os.pipe()
+        back = Connection(back_r, writable=False)
+        self.proc = ctx.Process(
+            target=loaderproc.main,
+            args=(
+                child,
+                back,
+                pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL),  # its callables by value
+                dataset,
+                where,
+                logging.getLogger("aioloader").getEffectiveLevel(),
+            ),
+            name="aioloader-loader",
+            # Not a daemon: a daemon may not have children (its decode workers). Shutdown,
+            # the exit hook and SIGTERM stop it, and its lifeline ends it with the trainer.
+            daemon=False,
+        )
+        try:
+            try:
+                self.proc.start()
+            finally:
+                child.close()
+                back.close()
+        except BaseException:
+            conn.close()
+            os.close(back_w)
+            raise
+        self.channel = _Channel(conn, back_w, counters, slabs_pooled(config) + 8)
+        try:
+            self._wait_ready()
+            self.copier = DeviceCopier(config.device, config.pin_memory)
+            self.bridge = Bridge(self.copier, counters.meters["transfer"])
+        except BaseException:
+            self._stop_process(grace=1.0)
+            raise
+        self.run: PipeRun | None = None
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            left = deadline - time.monotonic()
+            ready = connection.wait([self.channel.conn, self.proc.sentinel], timeout=max(0.0, left))
+            if self.channel.conn in ready:
+                try:
+                    msg = self.channel.recv()
+                except Exception:  # noqa: BLE001 - reported below as an exit
+                    msg = None
+                if msg is not None and msg[0] == "ready":
+                    if msg[1] is not None:
+                        raise wire.unpack_error(msg[1])
+                    return
+            if not ready or self.proc.sentinel in ready or self.channel.eof:
+                self.proc.join(1.0)
+                raise LoaderError(
+                    f"the loader process did not start (exit code {self.proc.exitcode}); see its output above"
+                )
+
+    def start_run(self, plan: EpochPlan, resume: ResumePoint | None = None) -> PipeRun:
+        """Cancel the current run, if any, and start producing ``plan`` (does not block)."""
+        with self._lock:
+            if self.run is not None:
+                self.run.cancel()
+            self._ids += 1
+            restore = None
+            if self.counters.restores != self._restores:
+                self._restores = self.counters.restores
+                failures, attempted = self.counters.failure_counts_by_reason()
+                restore = (failures, attempted)
+            run = PipeRun(self.channel, self._ids, lambda: self.proc.exitcode)
+            self.channel.control(("run", run.id, plan.epoch, resume, restore))
+            self.bridge.serve(run)
+            self.run = run
+            return run
+
+    def _threads(self) -> tuple[threading.Thread, ...]:
+        return (self.bridge.thread,)
+
+    def _stop_all(self, run: PipeRun | None, grace: float) -> None:
+        try:
+            if run is not None:
+                run.cancel()
+            self.bridge.stop(timeout=grace)
+            self._stop_process(grace)
+        finally:
+            gcfreeze.release()
+
+    def _stop_process(self, grace: float) -> None:
+        """Ask the loader process to close, read what it still sends (so it never blocks on
+        a full pipe), and kill it past the deadline."""
+        self.channel.control(("close",))
+        deadline = time.monotonic() + grace + 3.0
+        conn = self.channel.conn
+        while self.proc.is_alive() and time.monotonic() < deadline:
+            ready = connection.wait([conn, self.proc.sentinel], timeout=0.1)
+            if conn in ready:
+                try:
+                    conn.recv_bytes()
+                except (EOFError, OSError):
+                    self.proc.join(max(0.0, deadline - time.monotonic()))
+                    break
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5.0)
+        self.channel.close()
+        if self.proc.exitcode is not None:
+            self.proc.close()

@@ -1,0 +1,179 @@
+"""The autotuner's running side (``io_concurrency="auto"``, ``num_workers="auto"``).
+
+While an epoch is produced, :meth:`Tuner.run` wakes every :data:`TICK` seconds on the
+loader's loop, reads the read and decode meters (and, every :data:`CPU_TICKS` ticks, the CPU
+clock of the trainer's process), asks :mod:`.autotune` and applies the answers: the
+reader's limit (the engine's window of batches follows it) and the decoders at work.
+
+Changes move bounds only. Which samples make up each batch, their order, and what
+``state_dict`` records do not depend on how many reads or decodes are in flight, so a
+change mid-epoch never reorders batches or moves a resume point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from aioloader.config import LoaderConfig, usable_cpus
+from aioloader.decode.stage import DecodeStage
+from aioloader.observe.stages import StageMeter, StageStats
+from aioloader.read.reader import FileReader
+from aioloader.tune.rules import (
+    MIN_READS,
+    IoTuner,
+    IoWindow,
+    WorkerTuner,
+    available_memory,
+    memory_cap,
+    process_cpu_seconds,
+)
+
+__all__ = ["CPU_TICKS", "MAX_AUTO_IO", "TICK", "Tuner", "io_floor", "memory_budget", "trainer_pids"]
+
+log = logging.getLogger("aioloader")
+
+#: Seconds between two looks at the meters.
+TICK = 0.5
+#: Ticks between two looks at the trainer's CPU clock (it counts in 10 ms steps).
+CPU_TICKS = 4
+#: Most reads in flight ``io_concurrency="auto"`` goes to (before the fd and memory bounds).
+MAX_AUTO_IO = 1024
+#: Longest a tick waits for :data:`~.autotune.MIN_READS` reads before it is judged anyway.
+LONGEST_WINDOW = 5.0
+
+
+def memory_budget() -> int:
+    """Bytes the samples in flight may hold under ``"auto"``: an eighth of the memory
+    available now, at most 8 GiB (1 GiB where it cannot be read)."""
+    available = available_memory()
+    return 1 << 30 if available is None else max(64 << 20, min(8 << 30, available // 8))
+
+
+def io_floor(batch_size: int, num_workers: int, chunk: int) -> int:
+    """Fewest reads in flight ``"auto"`` goes to: enough for every decode slot's chunk
+    (two per worker), at least 16 (a page-cached group read holds one slot)."""
+    return max(16, 2 * num_workers * chunk)
+
+
+class Tuner:
+    """Tunes one loader's reader and decode stage (see the module docstring).
+
+    ``bytes_per_sample()`` is what a sample in flight holds (its file and its decoded
+    output); ``memory_budget`` bounds that times the reads in flight; ``trainer_pids`` are
+    the processes whose CPU the decoders leave alone (the trainer's, and a loader
+    process's own); ``on_io(limit)`` is told each new read limit."""
+
+    def __init__(
+        self,
+        config: LoaderConfig,
+        reader: FileReader,
+        decoder: DecodeStage | None,
+        meters: dict[str, StageMeter],
+        *,
+        chunk: int,
+        bytes_per_sample: Callable[[], int],
+        memory_budget: int,
+        trainer_pids: Sequence[int],
+        on_io: Callable[[int], None] | None = None,
+    ) -> None:
+        self._reader, self._decoder = reader, decoder
+        self._read, self._decode = meters["read"], meters["decode"]
+        self._batch_size = config.batch_size
+        self._bytes_per_sample, self._budget = bytes_per_sample, memory_budget
+        self._pids = tuple(trainer_pids)
+        self._on_io = on_io
+        self.io: IoTuner | None = None
+        if config.io_auto:
+            lo = min(reader.max_io, io_floor(config.batch_size, config.num_workers, chunk))
+            self.io = IoTuner(reader.io_concurrency, lo, reader.max_io)
+            reader.set_limit(self.io.limit)
+            if on_io is not None:
+                on_io(self.io.limit)
+        self.workers: WorkerTuner | None = None
+        if config.workers_auto and decoder is not None:
+            self.workers = WorkerTuner(config.num_workers, usable_cpus())
+
+    async def run(self) -> None:
+        """Tune until cancelled (at the end of the epoch's production)."""
+        mark = self._marks()
+        cpu_mark = self._cpu()
+        ticks = 0
+        while True:
+            await asyncio.sleep(TICK)
+            ticks += 1
+            now = self._marks()
+            # A tick with too few reads to judge widens the next one, up to LONGEST_WINDOW.
+            judged = self.io is None or self._tune_io(mark, now)
+            if judged or now[0] - mark[0] > LONGEST_WINDOW:
+                mark = now
+            if self.workers is not None and ticks % CPU_TICKS == 0:
+                cpu = self._cpu()
+                if cpu is not None and cpu_mark is not None and cpu[0] > cpu_mark[0]:
+                    self._tune_workers((cpu[1] - cpu_mark[1]) / (cpu[0] - cpu_mark[0]))
+                cpu_mark = cpu
+
+    def _marks(self) -> tuple[float, StageStats, StageStats]:
+        return time.perf_counter(), self._read.snapshot(False), self._decode.snapshot(False)
+
+    def _tune_io(
+        self, mark: tuple[float, StageStats, StageStats], now: tuple[float, StageStats, StageStats]
+    ) -> bool:
+        """Judge the reads since ``mark``; False while there are too few of them."""
+        assert self.io is not None
+        (t0, r0, d0), (t1, r1, d1) = mark, now
+        window = IoWindow(
+            seconds=t1 - t0,
+            reads=r1.items - r0.items,
+            read_area=r1.area_seconds - r0.area_seconds,
+            decoded=d1.items - d0.items,
+            decode_area=d1.area_seconds - d0.area_seconds,
+            workers=self._decoder.active if self._decoder is not None else 0,
+        )
+        if window.reads < MIN_READS:
+            return False
+        fits = memory_cap(self._budget, self._bytes_per_sample(), self._batch_size)
+        self.io.set_hi(min(self._reader.max_io, fits))
+        before = self.io.limit
+        after = self.io.update(window)
+        if after != before:
+            self._reader.set_limit(after)
+            if self._on_io is not None:
+                self._on_io(after)
+            log.debug("io_concurrency auto: %d -> %d reads in flight", before, after)
+        return True
+
+    def _tune_workers(self, trainer_cpus: float) -> None:
+        assert self.workers is not None and self._decoder is not None
+        before = self.workers.active
+        after = self.workers.update(trainer_cpus)
+        if after != before:
+            self._decoder.set_workers(after)
+            log.debug(
+                "num_workers auto: %d -> %d decoding (trainer's process uses %.2f CPUs)",
+                before,
+                after,
+                trainer_cpus,
+            )
+
+    def _cpu(self) -> tuple[float, float] | None:
+        """(wall time, CPU seconds of the trainer's processes), or None where unreadable."""
+        total = 0.0
+        for pid in self._pids:
+            got = process_cpu_seconds(pid)
+            if got is None:
+                return None
+            total += got
+        return time.perf_counter(), total
+
+
+def trainer_pids(trainer_pid: int | None) -> list[int]:
+    """The processes the decoders leave CPU for: this one, and the trainer's when this is a
+    loader process."""
+    pids = [os.getpid()]
+    if trainer_pid is not None and trainer_pid != pids[0]:
+        pids.append(trainer_pid)
+    return pids
