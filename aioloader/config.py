@@ -18,7 +18,7 @@ from aioloader.read.backends import StorageBackend, resolve
 __all__ = ["AUTO_IO_START", "LoaderConfig", "resolve_device", "resolve_rank", "usable_cpus"]
 
 OnError = Literal["raise", "skip"]
-#: Reads in flight an ``io_concurrency="auto"`` loader starts with (:mod:`.autotune` moves it).
+#: Reads in flight an ``io_concurrency="auto"`` loader starts with (:mod:`aioloader.tune.rules` moves it).
 AUTO_IO_START = 64
 
 
@@ -28,7 +28,7 @@ def usable_cpus() -> int:
     least 1. A pod limited to 4 CPUs on a 64-core node gets 4; a quota of 1.5 CPUs gets 2.
 
     The one count of usable CPUs: ``num_workers=None`` and ``"auto"`` start this many
-    processes, the autotuner (:mod:`.tuner`) shares them with the trainer, and ``aioloader
+    processes, the autotuner (:mod:`aioloader.tune.tuner`) shares them with the trainer, and ``aioloader
     bench``, the demo and the benchmarks use it.
 
     loky's ``cpu_count()`` reads the quota at the root of the cgroup hierarchy this process
@@ -146,7 +146,7 @@ class LoaderConfig:
     io_auto: bool = False
     #: ``num_workers="auto"``: ``num_workers`` processes, of which the tuner lets some decode.
     workers_auto: bool = False
-    #: The callables that run in other processes, pickled by value once (:mod:`.sendable`):
+    #: The callables that run in other processes, pickled by value once (:mod:`aioloader.base.sendable`):
     #: ``decode`` always, ``read`` and ``collate`` with ``loader_process``.
     sent: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 

@@ -19,7 +19,16 @@ import numpy as np
 import numpy.typing as npt
 
 from aioloader.pathtable import PathTableBuilder
-from aioloader.read.remote import is_remote, list_folder, local_path, redact, scheme
+from aioloader.read.remote import is_remote, list_folder, local_path, redact
+from aioloader.rows import (
+    LabelCodes,
+    as_int,
+    check_columns,
+    labels_to_indices,
+    resolve,
+    span_columns,
+    span_entry,
+)
 
 __all__ = ["IMAGE_EXTENSIONS", "FileDataset"]
 
@@ -29,20 +38,6 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
 )
 
 StrPath = str | os.PathLike[str]
-
-
-def _labels_to_indices(raw: Sequence[Any], where: str) -> tuple[npt.NDArray[np.int64], list[str] | None]:
-    """Integer labels pass through; anything else maps to indices of its sorted classes."""
-    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
-        return np.asarray(raw, dtype=np.int64), None
-    if any(
-        v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip()) for v in raw
-    ):
-        raise ValueError(f"{where}: some labels are missing (empty or NaN)")
-    names = [str(v) for v in raw]
-    classes = sorted(set(names))
-    lookup = {c: i for i, c in enumerate(classes)}
-    return np.asarray([lookup[v] for v in names], dtype=np.int64), classes
 
 
 class FileDataset:
@@ -76,7 +71,7 @@ class FileDataset:
         ranged = False
         for p in paths:
             if isinstance(p, tuple):
-                path, offset, length = _span(p)
+                path, offset, length = span_entry(p)
                 ranged = True
             elif isinstance(p, (str, os.PathLike)):
                 path, offset, length = os.fspath(p), -1, -1
@@ -84,7 +79,7 @@ class FileDataset:
                 raise TypeError(
                     f"paths must be str, os.PathLike or (path, offset, length), got {type(p).__name__}: {p!r}"
                 )
-            builder.append(_resolve(path, base))
+            builder.append(resolve(path, base))
             spans.extend((offset, length))
         if not len(builder):
             raise ValueError("FileDataset is empty: no paths were given")
@@ -214,14 +209,14 @@ class FileDataset:
         where = f"from_csv({os.fspath(csv_path)!r})"
         base = os.fspath(root if root is not None else csv_path.parent)
         builder = PathTableBuilder()
-        codes = _LabelCodes(where) if label_column is not None else None
-        ranged = _span_columns(offset_column, length_column, where)
+        codes = LabelCodes(where) if label_column is not None else None
+        ranged = span_columns(offset_column, length_column, where)
         spans = array("q")
         # Streamed row by row: a CSV of 30 M rows never becomes a list of 30 M strings.
         with open(csv_path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
             header = next(reader, [])
-            _check_columns(header, (path_column, label_column, offset_column, length_column), where)
+            check_columns(header, (path_column, label_column, offset_column, length_column), where)
             pcol, lcol, ocol, ncol = (
                 header.index(c) if c is not None else -1
                 for c in (path_column, label_column, offset_column, length_column)
@@ -233,10 +228,10 @@ class FileDataset:
                     raise ValueError(
                         f"{where}: line {line} is missing fields: it has {len(row)}, the header {len(header)}"
                     )
-                entry = _resolve(row[pcol], base)
+                entry = resolve(row[pcol], base)
                 if ranged:
-                    span = (entry, _int(row[ocol]), _int(row[ncol]))
-                    spans.extend(_span(span, f"{where}: line {line}")[1:])
+                    span = (entry, as_int(row[ocol]), as_int(row[ncol]))
+                    spans.extend(span_entry(span, f"{where}: line {line}")[1:])
                 builder.append(entry)
                 if codes is not None:
                     codes.add(row[lcol])
@@ -263,12 +258,12 @@ class FileDataset:
         the columns mean what they mean for :meth:`from_csv`."""
         columns = [str(c) for c in getattr(df, "columns", [])]
         where = "from_dataframe"
-        _check_columns(columns, (path_column, label_column, offset_column, length_column), where)
+        check_columns(columns, (path_column, label_column, offset_column, length_column), where)
         paths: list[Any] = [str(p) for p in df[path_column].tolist()]
-        if _span_columns(offset_column, length_column, where):
+        if span_columns(offset_column, length_column, where):
             offsets, lengths = df[offset_column].tolist(), df[length_column].tolist()
             paths = [
-                _span((p, _int(o), _int(n)), f"{where}: row {i}")
+                span_entry((p, as_int(o), as_int(n)), f"{where}: row {i}")
                 for i, (p, o, n) in enumerate(zip(paths, offsets, lengths, strict=True))
             ]
         raw = df[label_column].tolist() if label_column is not None else None
@@ -284,41 +279,8 @@ class FileDataset:
             return cls(paths, root=root)
         # CSV gives strings: "3" is the integer label 3, not a class name.
         values = [int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in raw]
-        labels, classes = _labels_to_indices(values, where)
+        labels, classes = labels_to_indices(values, where)
         return cls(paths, labels, root=root, classes=classes)
-
-
-def _span(entry: tuple[Any, ...], where: str = "") -> tuple[str, int, int]:
-    """A ``(path, offset, length)`` entry, checked (``where``: the row, for the message)."""
-    at = f"{where}: " if where else ""
-    if len(entry) != 3 or not isinstance(entry[0], (str, os.PathLike)):
-        raise TypeError(f"{at}a ranged entry is (path, offset, length), got {entry!r}")
-    path, offset, length = entry
-    for name, value in (("offset", offset), ("length", length)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{at}{name}={value!r} of {os.fspath(path)!r} must be a non-negative integer")
-    if length == 0:
-        raise ValueError(f"{at}length=0 of {os.fspath(path)!r}: a sample needs at least one byte")
-    return os.fspath(path), int(offset), int(length)
-
-
-def _int(value: Any) -> Any:
-    """A CSV field (or a pandas cell) that holds an integer, as one; anything else as it
-    is, for :func:`_span` to refuse with its value shown."""
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _span_columns(offset_column: str | None, length_column: str | None, where: str) -> bool:
-    """Whether rows are byte ranges: both columns or neither."""
-    if (offset_column is None) != (length_column is None):
-        raise ValueError(
-            f"{where}: offset_column={offset_column!r} and length_column={length_column!r} go together"
-        )
-    return offset_column is not None
 
 
 def _walk(folder: Path) -> list[str]:
@@ -329,47 +291,3 @@ def _walk(folder: Path) -> list[str]:
         found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
     found.sort()
     return found
-
-
-def _resolve(path: str, base: str | None) -> str:
-    """``path`` joined to ``base`` when it is relative (and tidied: ``a/./b`` -> ``a/b``).
-    A URL (``s3://...``) is never relative; under a URL ``base``, ``path`` joins with ``/``."""
-    if base is None or os.path.isabs(path) or scheme(path) is not None:
-        return path
-    if scheme(base) is not None:
-        return base.rstrip("/") + "/" + path.lstrip("/")
-    return os.path.normpath(os.path.join(base, path))
-
-
-class _LabelCodes:
-    """CSV label column, streamed: each distinct text gets a code as it first appears; at the
-    end, texts that are all integers ("3") are those integers, anything else class names
-    whose sorted order gives the labels."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.index: dict[str, int] = {}
-        self.codes = array("q")
-
-    def add(self, text: str) -> None:
-        code = self.index.get(text)
-        if code is None:
-            if not text.strip():
-                raise ValueError(f"{self.where}: some labels are missing (empty)")
-            code = self.index[text] = len(self.index)
-        self.codes.append(code)
-
-    def finish(self) -> tuple[npt.NDArray[np.int64], list[str] | None]:
-        texts = list(self.index)
-        codes = np.frombuffer(self.codes, dtype=np.int64)
-        if all(t.strip().lstrip("-").isdigit() for t in texts):
-            return np.asarray([int(t) for t in texts], dtype=np.int64)[codes], None
-        classes = sorted(texts)
-        rank = {c: i for i, c in enumerate(classes)}
-        return np.asarray([rank[t] for t in texts], dtype=np.int64)[codes], classes
-
-
-def _check_columns(header: Sequence[str], wanted: Sequence[str | None], where: str) -> None:
-    for col in wanted:
-        if col is not None and col not in header:
-            raise ValueError(f"{where}: column {col!r} not found; columns are {list(header)}")

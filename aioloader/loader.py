@@ -9,9 +9,7 @@ pipeline logic of its own.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import logging
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -27,17 +25,18 @@ from aioloader.decode.image import ImageDecoder
 from aioloader.errors import LoaderClosedError
 from aioloader.observe.progressbar import make_bar
 from aioloader.observe.stats import Counters, LoaderStats
-from aioloader.plan.resume import Progress, ResumePoint, check_state, make_state, plan_for
+from aioloader.plan.epochs import Epochs
+from aioloader.plan.resume import check_state, make_state
 from aioloader.plan.sampler import num_batches, shard_size
 from aioloader.read.backends import StorageBackend
+from aioloader.read.remote import is_remote
 from aioloader.run.cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
-from aioloader.run.procruntime import NoZygote, ProcessRuntime
+from aioloader.run.procruntime import ProcessRuntime
 from aioloader.run.runtime import Runtime
+from aioloader.run.start import start_runtime
 from aioloader.safety import sigterm
 
 __all__ = ["CLOSED_MESSAGE", "Loader", "State"]
-
-logger = logging.getLogger("aioloader")
 
 
 class State(enum.Enum):
@@ -227,11 +226,8 @@ class Loader:
         self._lock = threading.Lock()
         self._runtime: Runtime | ProcessRuntime | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        self._counters = Counters.for_loader(self._config, self._dataset.path(0))
-        self._epoch = 0
-        self._epoch_set = True  # the first iteration uses epoch 0 unless set_epoch says otherwise
-        self._resume: ResumePoint | None = None  # from load_state_dict, until its epoch starts
-        self._progress: Progress | None = None  # of the current (or last) iteration
+        self._counters = Counters.for_loader(self._config, is_remote(self._dataset.path(0)))
+        self._epochs = Epochs(self._config, len(self._dataset))
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -249,7 +245,7 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch of the current (or next) iteration."""
-        return self._epoch
+        return self._epochs.epoch
 
     @property
     def stats(self) -> LoaderStats:
@@ -268,10 +264,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration (its shuffle order and augmentation seeds).
         After :meth:`load_state_dict`, the state's own epoch keeps its position."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be a non-negative integer")
-        self._epoch = epoch
-        self._epoch_set = True
+        self._epochs.set(epoch)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Loader:
@@ -291,7 +284,7 @@ class Loader:
             if self._runtime is not None:
                 self._runtime.check_owner()
             else:
-                runtime = _start_runtime(self._config, self._dataset, self._counters)
+                runtime = start_runtime(self._config, self._dataset, self._counters)
                 # The safety net: a loader dropped without close() still stops everything.
                 self._finalizer = weakref.finalize(self, runtime.shutdown)
                 self._runtime = runtime
@@ -335,26 +328,18 @@ class Loader:
     # -- iteration --------------------------------------------------------------------------
     def _begin(self) -> Cursor:
         runtime = self._runtime_or_start()
-        if not self._epoch_set:
-            self._epoch += 1
-        self._epoch_set = False
-        plan = plan_for(self._config, len(self._dataset), self._epoch, self._resume)
-        point = self._resume if self._resume is not None and self._resume.epoch == self._epoch else None
-        self._resume = None
-        self._progress = Progress(self._epoch, len(plan), point)
-        self._counters.begin_epoch(self._epoch)
+        plan, point, progress = self._epochs.begin()
+        self._counters.begin_epoch(progress.epoch)
         run = runtime.start_run(plan, point)
         done = 0 if point is None else point.start + len(point.done)
-        bar = make_bar(self._config.progress, self._epoch, len(plan), self._counters, done)
-        return Cursor(runtime, run, self._progress, self._counters, lambda: self._state is State.CLOSED, bar)
+        bar = make_bar(self._config.progress, progress.epoch, len(plan), self._counters, done)
+        return Cursor(runtime, run, progress, self._counters, lambda: self._state is State.CLOSED, bar)
 
     # -- resumption -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable snapshot of where this rank is in its epoch (batches the
         trainer has received; prefetched ones are not counted). See :mod:`aioloader.plan.resume`."""
-        progress = self._progress
-        if progress is None or (self._epoch_set and progress.epoch != self._epoch):
-            progress = Progress(self._epoch, len(self))  # the next iteration starts this epoch afresh
+        progress = self._epochs.progress(len(self))
         snap = self._counters.snapshot()
         stats = {
             "samples": snap.samples,
@@ -378,31 +363,10 @@ class Loader:
             dict(stats.get("failures_by_reason", {})),
             int(stats.get("attempted", 0)),
         )
-        self._resume = point
-        self._epoch, self._epoch_set = point.epoch, True
-        total = len(plan_for(self._config, len(self._dataset), point.epoch, point))
-        self._progress = Progress(point.epoch, total, point)
+        self._epochs.resume(point)
 
     def __iter__(self) -> Iterator[Any]:
         return SyncIter(self._begin())
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return AsyncIter(self._begin())
-
-
-def _start_runtime(
-    config: LoaderConfig, dataset: FileDataset, counters: Counters
-) -> Runtime | ProcessRuntime:
-    """The runtime ``config`` asks for: in a loader process when ``loader_process`` and a
-    zygote can be made here, else in this process."""
-    if config.loader_process:
-        try:
-            return ProcessRuntime(config, dataset, counters)
-        except NoZygote:
-            logger.warning(
-                "loader_process=True: no zygote can be made in this process (not POSIX, an "
-                "unsupported Python, or loader threads already running); loading in-process"
-            )
-            # obstore's runtime would outlive close() here (aioloader/read/backends.py)
-            config = dataclasses.replace(config, storage_backend="fsspec")
-    return Runtime(config, dataset, counters)

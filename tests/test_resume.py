@@ -206,3 +206,59 @@ def test_repacker_cuts_survivors_into_full_batches_and_tracks_done_batches() -> 
     assert r.push(batch(5, [20])) == []  # 3 rows carried
     out = r.push(batch(6, [24]))
     assert [b.value[0].tolist() for b in out] == [[17, 18, 20, 24]] and out[0].done == (4, 5, 6)
+
+
+# -- Epochs: which epoch the next iteration runs (plan/epochs.py) ------------------------------
+
+
+def test_epochs_count_up_unless_set() -> None:
+    from aioloader.plan.epochs import Epochs
+
+    epochs = Epochs(config(), 20)  # 5 batches of 4
+    seen = []
+    for _ in range(3):
+        plan, point, progress = epochs.begin()
+        seen.append((epochs.epoch, progress.epoch, len(plan), point))
+    assert seen == [(0, 0, 5, None), (1, 1, 5, None), (2, 2, 5, None)]
+    epochs.set(7)
+    epochs.set(5)  # the last word counts
+    assert epochs.epoch == 5 and epochs.begin()[2].epoch == 5
+    assert epochs.begin()[2].epoch == 6
+    for bad in (-1, 1.0, True, "2"):
+        with pytest.raises(ValueError, match=f"epoch={bad!r} must be a non-negative integer"):
+            epochs.set(bad)  # type: ignore[arg-type]
+    assert epochs.epoch == 6  # a refused value changes nothing
+
+
+def test_epochs_progress_for_a_state_dict() -> None:
+    from aioloader.plan.epochs import Epochs
+
+    epochs = Epochs(config(), 20)
+    before = epochs.progress(5)
+    assert (before.epoch, before.total, before.next) == (0, 5, 0)
+    _, _, running = epochs.begin()
+    running.mark(0, 4)
+    assert epochs.progress(5) is running  # mid-epoch: the iteration's own progress
+    epochs.set(3)  # chosen for the next iteration: a state taken now starts epoch 3 afresh
+    chosen = epochs.progress(5)
+    assert (chosen.epoch, chosen.next) == (3, 0)
+
+
+def test_epochs_resume_once_then_start_afresh() -> None:
+    from aioloader.plan.epochs import Epochs
+
+    cfg = config()
+    epochs = Epochs(cfg, 20)
+    point = ResumePoint(epoch=4, start=2, done=frozenset({3}), samples=12)
+    epochs.resume(point)
+    assert epochs.epoch == 4 and epochs.progress(5).next == 2  # a state dict right away agrees
+    plan, got, progress = epochs.begin()
+    same = plan_for(cfg, 20, 4, point)
+    assert got == point and (plan.epoch, plan.start, plan.done) == (4, 2, frozenset({3}))
+    assert plan.indices.tolist() == same.indices.tolist()
+    assert (progress.epoch, progress.next, progress.after) == (4, 2, {3})
+    plan, got, progress = epochs.begin()
+    assert got is None and progress.epoch == 5 and len(plan) == 5
+    epochs.resume(point)
+    epochs.set(9)  # another epoch chosen: the point waits for epoch 4, never applies to 9
+    assert epochs.begin()[1] is None

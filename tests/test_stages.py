@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, diagnose
-from aioloader.observe.stages import StageMeter, StageStats, between, utilization
+from aioloader import Bottleneck, StageStats
+from aioloader.observe.bottleneck import WAIT_SHARE, diagnose
+from aioloader.observe.stages import StageMeter, between, utilization
 from aioloader.observe.stats import Counters
 
 

@@ -1,0 +1,9 @@
+"""The vocabulary every wing speaks, below all of them but ``safety/`` and ``errors``.
+
+| module | role |
+| --- | --- |
+| ``items.py`` | what travels from the engine to the trainer: ``Batch``, ``Failure``, ``End`` |
+| ``tree.py`` | the one walker over nested samples and batches (collate, device copy, repack, slabs) |
+| ``sendable.py`` | callables sent by value (cloudpickle), with errors that name the argument |
+| ``threads.py`` | daemon I/O threads (a hung read never blocks exit); lifecycle calls from async code |
+"""

@@ -25,8 +25,8 @@ from typing import Any
 
 import cloudpickle
 
-from aioloader.decode import forking
 from aioloader.errors import LoaderError
+from aioloader.safety import lifeline
 
 __all__ = ["dumps", "loads"]
 
@@ -54,6 +54,6 @@ def loads(blob: bytes, argument: str = "value") -> Any:
         return pickle.loads(blob)
     except Exception as exc:
         raise LoaderError(
-            f"{argument} could not be loaded in process {os.getpid()} ({forking.role() or 'a process'}) "
+            f"{argument} could not be loaded in process {os.getpid()} ({lifeline.role() or 'a process'}) "
             f"that runs it: {type(exc).__name__}: {exc}"
         ) from exc

@@ -4,7 +4,7 @@ A sample or a batch is a tree: ``dict`` (any ``Mapping``), ``tuple``, namedtuple
 ``list`` nodes, and leaves (arrays, tensors, numbers, strings, ``None``, anything else).
 :func:`flatten` splits a value into a hashable, picklable :data:`TreeDef` and its leaves in
 order; :func:`unflatten` rebuilds it. Collation (``collate.py``), the device copy
-(``device.py``), batch regrouping (``repack.py``) and the shared-memory decode path
+(``run/device.py``), batch regrouping (``plan/repack.py``) and the shared-memory decode path
 (``decode/layout.py``) all walk values through these three functions, so they agree on what
 a node is.
 

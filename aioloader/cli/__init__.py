@@ -1,11 +1,13 @@
 """The ``aioloader`` command (also ``python -m aioloader``): the top wing, imported by none.
 
-- ``main.py``: the parser and the dispatch; the ``demo`` subcommand's options
-- ``args.py``: argparse types shared by the subcommands
-- ``demo.py``: ``aioloader demo``, the same training loop fed two ways
-- ``bench.py``: ``aioloader bench``, your data through the loader and the verdict
-- ``measure.py``: a loader (or DataLoader) iterated for a time
-- ``tune.py``: ``aioloader bench --tune``, the sweep of fixed settings beside ``"auto"``
+| module | role |
+| --- | --- |
+| ``main.py`` | the parser and the dispatch; the ``demo`` subcommand's options |
+| ``args.py`` | argparse types shared by the subcommands |
+| ``demo.py`` | ``aioloader demo``: the same training loop fed two ways |
+| ``bench.py`` | ``aioloader bench``: your data through the loader, and the verdict |
+| ``measure.py`` | a loader (or DataLoader) iterated for a time |
+| ``tune.py`` | ``aioloader bench --tune``: the sweep of fixed settings beside ``"auto"`` |
 
 ``aioloader doctor`` runs :mod:`aioloader.safety.doctor`.
 """

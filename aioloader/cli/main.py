@@ -3,13 +3,13 @@
 ``aioloader demo`` trains a small CNN on a generated JPEG dataset twice, once loading each
 batch in the training loop and once fed by :class:`aioloader.Loader`, and prints how long
 the trainer waited for data each way. ``aioloader bench PATH_OR_URL`` runs the user's own
-files through the loader and names the bottleneck (:mod:`.bench`). ``aioloader doctor``
-lists, and with ``--remove`` removes, shared memory left by loaders whose process is gone
-(:mod:`.doctor`).
+files through the loader and names the bottleneck (:mod:`aioloader.cli.bench`).
+``aioloader doctor`` lists, and with ``--remove`` removes, shared memory left by loaders whose
+process is gone (:mod:`aioloader.safety.doctor`).
 
 This module stays light (argparse, os) and imports the demo, and with it torch, only when
-the command runs: decode workers re-import the main script, and the fork server preloads
-the modules it imported, so a heavy import here would be paid by every worker.
+the command runs: the decode workers' fork server preloads the modules the main script
+imported at its top level, so a heavy import here would be paid by every fork server.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 | ``worker.py`` | inside a worker: the installed ``decode``, ``sample_rng``, slab writes, its lifeline |
 | ``pool.py`` | the worker processes: forkserver start in the background, crash recovery, bounded shutdown |
 | ``zygote.py`` | the fork server forked from the trainer before any loader thread; ends with the trainer |
-| ``forking.py`` | how helpers start: never importing the main module; what this process is to aioloader |
+| ``forking.py`` | how helpers start: never importing the main module |
 | ``slots.py`` | decode slots granted in epoch order (no head-of-line blocking) |
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |
 

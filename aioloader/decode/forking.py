@@ -14,9 +14,7 @@ preparation data without the main module, for the zygote's children and for the 
 server's alike, so no helper ever imports or runs the script, however it was started
 (a relative path, ``..``, a symlink, ``python -m``, torchrun).
 
-A process started this way records what it is (:func:`become`); a loader cannot be started
-inside one (:func:`refuse_loader_here`): its code would run in a worker or the loader
-process, where a second pool of helpers is never what the user meant.
+What a helper is, once started, is recorded by :func:`aioloader.safety.lifeline.become`.
 """
 
 from __future__ import annotations
@@ -27,15 +25,10 @@ from multiprocessing import context as mpcontext
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
-from aioloader.errors import LoaderError
-from aioloader.safety import lifeline
-
-__all__ = ["StockContext", "become", "preparation_data", "refuse_loader_here", "role"]
+__all__ = ["StockContext", "preparation_data"]
 
 #: The keys of multiprocessing's preparation data that make a child import the main module.
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
-
-_role: str | None = None
 
 
 def preparation_data(name: str) -> dict[str, Any]:
@@ -82,27 +75,3 @@ class StockContext(mpcontext.ForkServerContext):
     module (the fallback where no zygote can be made)."""
 
     Process = _StockProcess
-
-
-def become(what: str) -> None:
-    """Record that this process is aioloader's ``what`` (``"zygote"``, ``"worker"``,
-    ``"loader"``; inherited by what it forks) and name it ``aioloader-<what>`` where
-    ``ps`` and ``top`` look (:func:`~aioloader.safety.lifeline.name_process`). Call it first:
-    threads started afterwards inherit the name."""
-    global _role
-    _role = what
-    lifeline.name_process(f"aioloader-{what}")
-
-
-def role() -> str | None:
-    """What this process is to aioloader, or None for a user's process."""
-    return _role
-
-
-def refuse_loader_here() -> None:
-    """Raise :class:`LoaderError` inside one of aioloader's own helper processes."""
-    if _role is not None:
-        raise LoaderError(
-            f"a Loader cannot be started inside aioloader's own {_role} process (pid {os.getpid()}): "
-            "make loaders in the training script, not in code that decode, read or collate run"
-        )

@@ -1,6 +1,6 @@
 """The decode worker processes: start, crash recovery and bounded shutdown.
 
-Workers are forked by the zygote (:mod:`.zygote`: a fork server forked from this process
+Workers are forked by the zygote (:mod:`aioloader.decode.zygote`: a fork server forked from this process
 before the loader had threads, so it already holds what the decoder needs). Where there is
 none, they come from the stock ``forkserver`` context (``spawn`` where there is none): plain
 ``fork`` after the loader's threads exist can copy a held lock into the child and hang it.
@@ -53,7 +53,7 @@ def main_imports() -> list[str]:
     """Modules the main script imported at its top level (``import torch``, ``from x import
     f``), for the fork server to preload.
 
-    Workers never import the main module itself (:mod:`.forking`), but the decode function
+    Workers never import the main module itself (:mod:`aioloader.decode.forking`), but the decode function
     sent to them refers to what it imported: with those modules already loaded in the fork
     server, each worker does not pay for, e.g., ``import torch`` (see benchmarks/RESULTS.md).
     """
@@ -177,7 +177,7 @@ class DecodePool:
 
     def not_loaded(self, exc: BaseException) -> LoaderError:
         """The error for a worker that could not unpickle ``decode`` (``exc``, a
-        :class:`~.worker.NotLoaded`); final: every later submit raises it."""
+        :class:`~aioloader.decode.worker.NotLoaded`); final: every later submit raises it."""
         if self._failure is None:
             self._failure = LoaderError(
                 f"{self.name} could not be loaded in a decode worker process; its traceback there:\n{exc}"
@@ -190,7 +190,7 @@ class DecodePool:
         return self._executor
 
     def submit(self, chunk: Chunk) -> tuple[Future[list[RowResult]], int]:
-        """Decode ``chunk`` in one task (see :func:`.worker.run_chunk`); returns the future
+        """Decode ``chunk`` in one task (see :func:`aioloader.decode.worker.run_chunk`); returns the future
         and the pool's generation, for :meth:`recover`."""
         if self._failure is not None:
             raise self._failure.with_traceback(None)

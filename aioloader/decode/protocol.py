@@ -3,7 +3,7 @@ table.
 
 A :class:`Chunk` is one task: several samples of one batch, each ``(row, dataset index,
 source)``, where the source is ``(offset, length)`` in the slab's input arena (or the bytes
-themselves), plus the slab's handle (a name, a path, an inode: :mod:`.segments`) and where
+themselves), plus the slab's handle (a name, a path, an inode: :mod:`aioloader.decode.segments`) and where
 outputs may go. A worker answers with one result per sample:
 
 - :class:`Written`: the sample's arrays are in its row of the slab's rows blocks; the plain

@@ -1,8 +1,8 @@
 """Shared-memory batch slabs: where file bytes go in and decoded samples come out.
 
-A slab is one shared-memory segment (:mod:`.segments`: anonymous shared memory on Linux,
+A slab is one shared-memory segment (:mod:`aioloader.decode.segments`: anonymous shared memory on Linux,
 reached by descriptor, else a file in ``/dev/shm``) that holds a whole batch, laid out by
-:func:`.layout.plan_slab`::
+:func:`aioloader.decode.layout.plan_slab`::
 
     [ status table | input arena: the batch's file bytes | rows blocks | output area ]
 
@@ -28,7 +28,7 @@ made, and the tracker unlinks what is still registered once every process holdin
 is gone. Names carry the maker's pid (``aioloader-<pid>-<n>-<random>``), so ``aioloader
 doctor`` can find ``/dev/shm`` slabs of processes that are gone (a tracker killed too, say),
 and ``/proc/<pid>/maps`` shows whose a memfd mapping is. ``AIOLOADER_SLABS=devshm`` forces
-``/dev/shm`` (see :mod:`.segments`).
+``/dev/shm`` (see :mod:`aioloader.decode.segments`).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class _Owner(np.ndarray):
 
 
 class Slab:
-    """One segment of ``kind`` (see :mod:`.segments`) laid out by ``layout``; ``input`` is
-    its input arena, ``status`` its status table (see :mod:`.protocol`) and ``handle`` how
+    """One segment of ``kind`` (see :mod:`aioloader.decode.segments`) laid out by ``layout``; ``input`` is
+    its input arena, ``status`` its status table (see :mod:`aioloader.decode.protocol`) and ``handle`` how
     another process maps it."""
 
     def __init__(self, layout: SlabLayout, pooled: bool, kind: str) -> None:
@@ -150,7 +150,7 @@ class SlabPool:
     trainer holds batches, one-shot slabs are made and closed when released. A free slab
     that no longer fits what :meth:`want` asks (a new sample layout, bigger files) is
     closed and replaced. ``kind``: where the segments live (``"memfd"`` or ``"devshm"``);
-    by default as ``AIOLOADER_SLABS`` says, read now (see :mod:`.segments`).
+    by default as ``AIOLOADER_SLABS`` says, read now (see :mod:`aioloader.decode.segments`).
     """
 
     def __init__(

@@ -1,10 +1,10 @@
 """The decode stage the engine awaits: one chunk of a batch in, one outcome per sample out.
 
 :meth:`DecodeStage.run` takes a chunk's samples (already read into the batch's slab) and
-returns, for each, a :data:`~.protocol.RowResult` or the :class:`~aioloader.SampleError`
+returns, for each, a :data:`~aioloader.decode.protocol.RowResult` or the :class:`~aioloader.SampleError`
 that ends it. On the way it
 
-- waits for a decode slot, granted in epoch order (:mod:`.slots`);
+- waits for a decode slot, granted in epoch order (:mod:`aioloader.decode.slots`);
 - during hot start (the built-in ``ImageDecoder`` only, while the workers boot) decodes on
   a thread of this process instead;
 - with ``sample_timeout``, kills the worker of a row decoding for longer than that (the

@@ -2,16 +2,17 @@
 ``ImageDecoder`` while the workers start, on a thread of the loader's own process).
 
 The pool initialiser installs the user's ``decode`` once per process, so a task ships only
-offsets and a few integers. :func:`run_chunk` decodes a :class:`~.protocol.Chunk` (one
-round trip amortised over several samples): it reads each sample's bytes from the slab's
-input arena and writes the decoded arrays into the slab, in the sample's row when the
-sample has the slab's rows layout, else into the chunk's share of the output area (see
-:mod:`.layout` and :mod:`.protocol`). It never raises: each sample's failure comes back as
-data with the worker's traceback, and an exception that cannot be pickled is replaced by
+offsets and a few integers. :func:`run_chunk` decodes a
+:class:`~aioloader.decode.protocol.Chunk` (one round trip amortised over several samples): it
+reads each sample's bytes from the slab's input arena and writes the decoded arrays into the
+slab, in the sample's row when the sample has the slab's rows layout, else into the chunk's
+share of the output area (see :mod:`aioloader.decode.layout` and
+:mod:`aioloader.decode.protocol`). It never raises: each sample's failure comes back as data
+with the worker's traceback, and an exception that cannot be pickled is replaced by
 one that can. Imports NumPy only; torch only if the decoder itself did.
 
 A worker maps each slab once, through the handle the chunk carries (the loader's
-``/proc/<pid>/fd/<fd>`` for a memfd, see :mod:`.segments`), and keeps the mapping under the
+``/proc/<pid>/fd/<fd>`` for a memfd, see :mod:`aioloader.decode.segments`), and keeps the mapping under the
 slab's unique name. A slab that cannot be mapped, or whose descriptor is now another file
 (a chunk of an abandoned slab still queued after the loader closed it and reused the fd
 number), is never written: every row of the chunk comes back as a failure, which the loader
@@ -35,7 +36,6 @@ import cloudpickle
 import numpy as np
 
 from aioloader.base import sendable
-from aioloader.decode import forking
 from aioloader.decode.layout import ALIGN, ArraySpec, SlabLayout, describe
 from aioloader.decode.protocol import (
     ArrayRef,
@@ -93,7 +93,7 @@ def worker_init(decode: bytes) -> None:
     :mod:`aioloader.safety.lifeline`). A ``decode`` that does not unpickle here is reported by
     every task (:class:`NotLoaded`), not by an initialiser that kills the worker."""
     global _decode, _not_loaded
-    forking.become("worker")
+    lifeline.become("worker")
     lifeline.follow_parent()
     # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group,
     # and workers that died of it would print tracebacks and break the pool mid-close.

@@ -1,0 +1,9 @@
+"""Stages 1-5 for one epoch, on the event loop: sample order -> reads -> decodes ->
+collation -> the ready queue. Drives ``read/`` and ``decode/``, tuned by ``tune/``.
+
+| module | role |
+| --- | --- |
+| ``epoch.py`` | the ``Engine``: the batch window, delivery order, chunking, repacking, the slab layout |
+| ``assemble.py`` | stage 4: a batch from decoded rows (slab blocks as tensors, views to a collate) |
+| ``failures.py`` | the failure policy: ``on_error``, ``max_failures`` over the loader's life |
+"""

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, diagnose
 from aioloader.observe.stages import STAGES, StageMeter, StageStats, between
-from aioloader.read.remote import is_remote
 
 if TYPE_CHECKING:
     from aioloader.config import LoaderConfig
@@ -109,9 +108,10 @@ class Counters:
         self.restores = 0
 
     @classmethod
-    def for_loader(cls, config: LoaderConfig, first_path: str) -> Counters:
-        """The counters of a loader of ``config`` (stage bounds from its settings)."""
-        return cls(config.io_concurrency, config.num_workers, is_remote(first_path))
+    def for_loader(cls, config: LoaderConfig, remote: bool) -> Counters:
+        """The counters of a loader of ``config`` (stage bounds from its settings); ``remote``:
+        its dataset is read from URLs (the bottleneck's advice differs)."""
+        return cls(config.io_concurrency, config.num_workers, remote)
 
     def begin_epoch(self, epoch: int) -> None:
         with self._lock:

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aioloader.config import LoaderConfig
 from aioloader.plan.sampler import EpochPlan, plan_epoch, plan_remainder
+
+if TYPE_CHECKING:  # the plan reads a config's fields: no I/O comes with it
+    from aioloader.config import LoaderConfig
 
 __all__ = ["FORMAT", "VERSION", "Progress", "ResumePoint", "check_state", "make_state", "plan_for"]
 

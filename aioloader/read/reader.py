@@ -1,7 +1,8 @@
 """Stage 2: read whole files on the event loop through aiofiles; failures become
 :class:`~aioloader.SampleError` s naming the file (:meth:`FileReader.fetch`).
 
-aiofiles runs blocking file calls on an executor. Two things make that scale:
+aiofiles runs blocking file calls (:mod:`aioloader.read.blocking`) on an executor. Three things
+make that scale:
 
 - its own thread pool, sized to ``io_concurrency``. The loop's default executor has
   ``min(32, cpus + 4)`` threads, which silently caps "thousands of reads in flight" at a
@@ -22,9 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import random
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -38,88 +37,22 @@ from aioloader.decode.slots import OrderedSlots
 from aioloader.errors import LoaderTimeoutError, ReadError, SampleError
 from aioloader.observe.stages import StageMeter
 from aioloader.read.backends import StorageBackend
-from aioloader.read.remote import RemoteStore, is_remote, local_path, redact
+from aioloader.read.blocking import (
+    GROUP_THREADS,
+    ReadPace,
+    check_span,
+    into,
+    read_file,
+    read_group,
+    read_into,
+    read_span,
+    store,
+    store_span,
+    timed,
+)
+from aioloader.read.remote import RemoteStore, is_remote, redact
 
-__all__ = ["FileReader", "ReadPace", "Source", "read_file"]
-
-
-def read_file(path: str) -> bytes:
-    """Read a whole file with one open and, for a stable file, one read call."""
-    with open(local_path(path), "rb", buffering=0) as f:
-        return f.readall()
-
-
-def _read_into(path: str, arena: Arena) -> Source:
-    """Read ``path`` straight into ``arena`` (no intermediate bytes object); the bytes
-    themselves when it does not fit or changed size while being read."""
-    with open(local_path(path), "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        off = arena.alloc(size) if size > 0 else None
-        if off is None:
-            return f.readall()
-        view = arena.buf[off : off + size]
-        got = 0
-        while got < size:
-            n = f.readinto(view[got:])
-            if not n:
-                break
-            got += n
-        if got < size or f.read(1):  # shrank or grew under us: take what is there now
-            f.seek(0)
-            return f.readall()
-        return (off, size)
-
-
-def _read_span(path: str, span: tuple[int, int], arena: Arena | None) -> Source:
-    """``span = (offset, length)`` bytes of a local file, into ``arena`` when given and they
-    fit; an ``EINVAL`` OSError when the file ends before the span does."""
-    offset, length = span
-    with open(local_path(path), "rb", buffering=0) as f:
-        off = arena.alloc(length) if arena is not None else None
-        if arena is None or off is None:
-            data = os.pread(f.fileno(), length, offset)
-            _check_span(len(data), span)
-            return data
-        view = arena.buf[off : off + length]
-        got = 0
-        while got < length:
-            n = os.preadv(f.fileno(), [view[got:]], offset + got)
-            if not n:
-                break
-            got += n
-        _check_span(got, span)
-        return (off, length)
-
-
-def _check_span(got: int, span: tuple[int, int]) -> None:
-    if got < span[1]:
-        raise OSError(
-            errno.EINVAL,
-            f"bytes {span[0]}-{span[0] + span[1] - 1} asked for, but it ends after {span[0] + got} bytes",
-        )
-
-
-def _store_span(
-    read: Callable[[str], bytes], path: str, span: tuple[int, int], arena: Arena | None
-) -> Source:
-    """A custom ``read`` gives the whole file: the span is cut out of it."""
-    data = read(path)[span[0] : span[0] + span[1]]
-    _check_span(len(data), span)
-    return data if arena is None else _into(data, arena)
-
-
-def _store(read: Callable[[str], bytes], path: str, arena: Arena) -> Source:
-    """Run a custom ``read`` and put its bytes into ``arena`` when they fit."""
-    return _into(read(path), arena)
-
-
-def _into(data: bytes | memoryview, arena: Arena) -> Source:
-    """``data`` copied into ``arena`` when it fits, else ``data`` itself (as ``bytes``)."""
-    off = arena.alloc(len(data)) if data else None
-    if off is None:
-        return data if isinstance(data, bytes) else bytes(data)
-    arena.buf[off : off + len(data)] = data
-    return (off, len(data))
+__all__ = ["FileReader", "ReadPace", "Source", "read_file"]  # ReadPace, read_file: from .blocking
 
 
 #: errno values worth another try: the storage may answer next time. EMFILE/ENFILE (too many
@@ -163,61 +96,6 @@ def _checked(res: Source | OSError, path: str, index: int, io_concurrency: int) 
     return res
 
 
-#: Group hops at once. Fast reads need no parallelism (one thread reads page-cached files
-#: at tens of thousands a second), and every extra thread in the GIL's queue delays the
-#: trainer's own threads.
-GROUP_THREADS = 2
-
-
-class ReadPace:
-    """Whether reads are fast enough to group (pure; fed from the I/O threads).
-
-    A read is *slow* past ``slow`` seconds (1 ms: far above a page-cache hit, far below a
-    network round trip). Reads are grouped while the recent slow share is small; a group
-    stops at its first slow read, and at ``budget`` seconds in all, so a group never holds
-    back the files after it for long.
-    """
-
-    slow = 0.001
-    budget = 0.004
-
-    def __init__(self) -> None:
-        self.slow_share = 0.0  # exponentially weighted share of slow reads
-
-    def observe(self, seconds: float) -> None:
-        self.slow_share = 0.9 * self.slow_share + 0.1 * (seconds > self.slow)
-
-    @property
-    def fast(self) -> bool:
-        return self.slow_share < 0.2
-
-
-def _timed(pace: ReadPace, fn: Callable[..., Source], *args: Any) -> Source:
-    start = time.perf_counter()
-    try:
-        return fn(*args)
-    finally:
-        pace.observe(time.perf_counter() - start)
-
-
-def _read_group(one: Callable[[str], Source], paths: list[str], pace: ReadPace) -> list[Source | OSError]:
-    """Read ``paths`` in order on this thread until one read is slow or the budget is spent;
-    the results of those attempted (the rest are left to the caller)."""
-    out: list[Source | OSError] = []
-    start = time.perf_counter()
-    for path in paths:
-        t = time.perf_counter()
-        try:
-            out.append(one(path))
-        except OSError as exc:
-            out.append(exc.with_traceback(None))
-        now = time.perf_counter()
-        pace.observe(now - t)
-        if now - t > pace.slow or now - start > pace.budget:
-            break
-    return out
-
-
 class FileReader:
     """Reads files with at most ``io_concurrency`` reads in flight, a limit
     :meth:`set_limit` may move up to ``max_io`` (default ``io_concurrency``) while reading.
@@ -251,12 +129,12 @@ class FileReader:
         self._on_retry = on_retry
         self.pace = ReadPace()
         self._plain = read or read_file
-        self._plain_into = _read_into if read is None else partial(_store, read)
+        self._plain_into = read_into if read is None else partial(store, read)
         # One file per hop: timed on the I/O thread, so the pace sees the read, not its wait.
-        self._read = wrap(partial(_timed, self.pace, self._plain))
-        self._read_into = wrap(partial(_timed, self.pace, self._plain_into))
+        self._read = wrap(partial(timed, self.pace, self._plain))
+        self._read_into = wrap(partial(timed, self.pace, self._plain_into))
         self._read_span = wrap(
-            partial(_timed, self.pace, _read_span if read is None else partial(_store_span, read))
+            partial(timed, self.pace, read_span if read is None else partial(store_span, read))
         )
         # Threads start on demand: as many as reads have been in flight at once.
         self._pool = DaemonThreadPool(self.max_io, thread_name_prefix="aioloader-io")
@@ -318,10 +196,10 @@ class FileReader:
         if span is not None:
             if len(data) > span[1]:  # a server that ignores Range sends the whole object
                 data = data[span[0] : span[0] + span[1]]
-            _check_span(len(data), span)
+            check_span(len(data), span)
         if arena is None:
             return data if isinstance(data, bytes) else bytes(data)
-        return _into(data, arena)
+        return into(data, arena)
 
     async def fetch_many(
         self,
@@ -348,7 +226,7 @@ class FileReader:
                 entered = self.meter.enter()  # one I/O slot, its files read one after another
                 got: list[Source | OSError] = []
                 try:
-                    got = await loop.run_in_executor(self._pool, _read_group, one, paths, self.pace)
+                    got = await loop.run_in_executor(self._pool, read_group, one, paths, self.pace)
                 finally:
                     self.meter.leave(entered, per=len(got))
             for (index, path), res in zip(items, got, strict=False):

@@ -1,0 +1,16 @@
+"""Where a started loader lives: in the trainer's process, or in a loader process with the
+trainer keeping only the bridge. Above the engine, below ``loader.py``.
+
+| module | role |
+| --- | --- |
+| ``start.py`` | which runtime a loader starts (a loader process where a zygote can be made) |
+| ``runtime.py`` | in-process: the ``aioloader-loop`` thread, the pipeline, the bridge, bounded shutdown |
+| ``procruntime.py`` | the trainer's side of a loader process: the process, the bridge reading its messages |
+| ``loaderproc.py`` | the loader process: the pipeline on its own loop, flow control, its two channels |
+| ``wire.py`` | how a batch crosses between the two: slab views as references, errors with their causes |
+| ``pipeline.py`` | the loading parts (reader, decode pool, slabs, collate thread, engine), built and closed |
+| ``bridge.py`` | stage 6's ``aioloader-transfer`` thread and the per-epoch ``Run`` |
+| ``device.py`` | the device copy: pinned staging, side stream, events, ``record_stream`` |
+| ``handoff.py`` | the bridge -> trainer hand-off, for threads and coroutines |
+| ``cursor.py`` | the consumer's side of a run: the ``for`` and ``async for`` iterators |
+"""

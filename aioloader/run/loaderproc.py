@@ -1,12 +1,12 @@
 """The loader process (``loader_process=True``): the event loop, the reads, the decode pool
 and ``collate`` of one loader, away from the trainer's process and its GIL.
 
-It is forked by the zygote (:mod:`.decode.zygote`), so it starts in milliseconds with what
+It is forked by the zygote (:mod:`aioloader.decode.zygote`), so it starts in milliseconds with what
 the trainer had imported, and asks the same zygote for its decode workers
-(:func:`~.decode.zygote.adopt`). It ends with the trainer, however the trainer ends
-(:func:`~.lifeline.follow_parent`). Its event loop runs on its main thread.
+(:func:`~aioloader.decode.zygote.adopt`). It ends with the trainer, however the trainer ends
+(:func:`~aioloader.safety.lifeline.follow_parent`). Its event loop runs on its main thread.
 
-Two channels join it to the trainer (:mod:`.procruntime`)::
+Two channels join it to the trainer (:mod:`aioloader.run.procruntime`)::
 
     trainer --- control Connection: ("run", id, epoch, resume, restore) ("cancel", id)
                 ("close",) --->  loader
@@ -37,10 +37,11 @@ from typing import Any
 from aioloader.base.items import Batch, End, Failure, Item
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
-from aioloader.decode import forking, zygote
+from aioloader.decode import zygote
 from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint, plan_for
+from aioloader.read.remote import is_remote
 from aioloader.run.pipeline import Pipeline, build
 from aioloader.run.wire import Located, encode, pack_error
 from aioloader.safety import lifeline
@@ -63,7 +64,7 @@ def main(
     does not load in this process is the trainer's error at start, not this process's
     traceback; ``log_level``: the trainer's ``aioloader`` logger's, when it started this
     process."""
-    forking.become("loader")
+    lifeline.become("loader")
     lifeline.follow_parent()
     # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -128,7 +129,7 @@ def _forward_logs(send: Sender, level: int) -> None:
 
 
 class Host:
-    """Serves the trainer's runs with one :class:`~.pipeline.Pipeline`."""
+    """Serves the trainer's runs with one :class:`~aioloader.run.pipeline.Pipeline`."""
 
     def __init__(
         self, conn: Connection, back: Connection, config: LoaderConfig, dataset: FileDataset, send: Sender
@@ -138,7 +139,7 @@ class Host:
         self.config = config
         self.dataset = dataset
         self.send = send
-        self.counters = Counters.for_loader(config, dataset.path(0))
+        self.counters = Counters.for_loader(config, is_remote(dataset.path(0)))
         self.parts: Pipeline | None = None
         self.task: asyncio.Task[None] | None = None
         self.run_id = -1

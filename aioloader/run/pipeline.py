@@ -2,8 +2,8 @@
 decode pool, the slab pool, the collate thread and the :class:`~aioloader.engine.epoch.Engine`.
 
 :func:`build` makes them for one loader; :meth:`Pipeline.close` stops them. The trainer's
-process runs them on its ``aioloader-loop`` thread (:mod:`.runtime`), or a loader process
-of their own does (:mod:`.loaderproc`, ``loader_process=True``).
+process runs them on its ``aioloader-loop`` thread (:mod:`aioloader.run.runtime`), or a loader process
+of their own does (:mod:`aioloader.run.loaderproc`, ``loader_process=True``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def io_concurrency_for_fd_limit(
     its sentinel), and half of what is left stays for everything else. With memfd slabs of
     ``slab_rows`` rows, each slab holds ``slab_fds`` too, and there is one slab per
     ``slab_rows`` reads in flight, plus those of the batches queued (``prefetch``) and a few
-    more (see :func:`~.engine.pooled_slabs`)."""
+    more (see :func:`~aioloader.engine.epoch.pooled_slabs`)."""
     try:
         import resource
 
@@ -61,7 +61,7 @@ def _fd_soft_limit() -> int:
 
 def slabs_pooled(config: LoaderConfig, max_io: int | None = None) -> int:
     """Slabs the pipeline may hold with ``max_io`` reads in flight (see
-    :func:`~.engine.pooled_slabs`); ``max_io`` defaults to the most ``io_concurrency`` may
+    :func:`~aioloader.engine.epoch.pooled_slabs`); ``max_io`` defaults to the most ``io_concurrency`` may
     reach."""
     if max_io is None:
         max_io = MAX_AUTO_IO if config.io_auto else config.io_concurrency

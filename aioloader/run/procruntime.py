@@ -3,9 +3,9 @@
 :class:`ProcessRuntime` has the interface of :class:`~aioloader.run.runtime.Runtime`
 (``start_run``, ``copier``, ``check_owner``, ``shutdown``), but the trainer's process holds
 only the ``aioloader-transfer`` bridging thread: it reads the loader process's messages
-(:class:`PipeRun`), maps the batches' slabs (:mod:`.wire`), copies them to the device and
+(:class:`PipeRun`), maps the batches' slabs (:mod:`aioloader.run.wire`), copies them to the device and
 hands them to the trainer. Everything else runs in the loader process
-(:mod:`.loaderproc`, which draws the two channels between them).
+(:mod:`aioloader.run.loaderproc`, which draws the two channels between them).
 
 Shutdown, idempotent and bounded like the in-process one: cancel the run, stop the bridge,
 ask the loader process to close (it stops its workers and closes its slabs), wait up to a
@@ -49,7 +49,7 @@ class NoZygote(Exception):
 
 
 class _Channel:
-    """The trainer's ends of the two channels (see :mod:`.loaderproc`)."""
+    """The trainer's ends of the two channels (see :mod:`aioloader.run.loaderproc`)."""
 
     def __init__(self, conn: Connection, back_w: int, counters: Counters, maps: int) -> None:
         self.conn = conn

@@ -5,7 +5,7 @@ reader's threads, the decode processes, the collate thread and the bridging thre
 order that cannot hang: cancel the run, stop the bridge, cancel every task on the loop, stop
 the loop, then stop the workers with a bounded grace period. Shutdown is idempotent and is
 also reached from ``weakref.finalize`` (garbage collection), at interpreter exit and on
-SIGTERM (:mod:`.sigterm`).
+SIGTERM (:mod:`aioloader.safety.sigterm`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any, Protocol, TypeVar
 
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
-from aioloader.decode import forking
 from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint
@@ -29,7 +28,7 @@ from aioloader.plan.sampler import EpochPlan
 from aioloader.run import pipeline
 from aioloader.run.bridge import Bridge, Run
 from aioloader.run.device import DeviceCopier
-from aioloader.safety import gcfreeze, sigterm
+from aioloader.safety import gcfreeze, lifeline, sigterm
 
 __all__ = ["EventLoopThread", "Runtime", "RuntimeBase"]
 
@@ -121,7 +120,7 @@ def _shutdown_all(grace: float = 2.0) -> None:
 
 
 def _shutdown_all_now() -> None:
-    """SIGTERM's way out (:mod:`.sigterm`): hung workers get a short grace period."""
+    """SIGTERM's way out (:mod:`aioloader.safety.sigterm`): hung workers get a short grace period."""
     _shutdown_all(grace=0.3)
 
 
@@ -134,7 +133,7 @@ class RuntimeBase(abc.ABC):
     run: Any
 
     def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
-        forking.refuse_loader_here()  # a decode or collate making a loader: say so, never hang
+        lifeline.refuse_loader_here()  # a decode or collate making a loader: say so, never hang
         self.owner_pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()

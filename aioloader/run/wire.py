@@ -3,7 +3,7 @@
 A batch's arrays and tensors that view one of the loader's shared-memory slabs travel as
 :class:`SlabRef` (which slab, where in it, shape, strides, dtype); everything else (labels,
 strings, arrays of ordinary memory) travels pickled, and so do the handles of the slabs used
-(:class:`~.decode.segments.SegmentHandle`: name, path, inode). The trainer maps each slab
+(:class:`~aioloader.decode.segments.SegmentHandle`: name, path, inode). The trainer maps each slab
 (once: the mapping is cached under the slab's unique name, :class:`SlabMaps`) and rebuilds
 each leaf as a view of it, so a batch of any size costs the pipe a few hundred bytes and no
 copy. A memfd slab is reached through the loader process's ``/proc/<pid>/fd/<fd>``, and
@@ -162,7 +162,7 @@ class SlabMaps:
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 
     def get(self, handle: SegmentHandle) -> mmap.mmap:
-        """The slab's mapping; OSError (:class:`~.decode.segments.SegmentGone` among them)
+        """The slab's mapping; OSError (:class:`~aioloader.decode.segments.SegmentGone` among them)
         when it cannot be mapped, or its path is another file now."""
         m = self._maps.get(handle.name)
         if m is not None:

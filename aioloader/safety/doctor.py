@@ -5,7 +5,7 @@ A loader's semaphores are ``/dev/shm/sem.mp-aioloader-<pid>-<random>`` and, wher
 cannot be memfd segments (or ``AIOLOADER_SLABS=devshm``), its segments are
 ``/dev/shm/aioloader-<pid>-<n>-<random>``, named for the process that made them (memfd
 slabs have no name: they end with the last process holding them, and never show here). A
-trainer that dies leaves none (:mod:`.lifeline`), except when its whole process group died
+trainer that dies leaves none (:mod:`aioloader.safety.lifeline`), except when its whole process group died
 at once, resource tracker included (``kill -9 -PGID``, a cgroup's OOM kill), or with an
 aioloader older than that guarantee. A name whose pid no longer runs is a leftover: its
 memory is held by the name alone, and removing it frees the memory once no process maps it.
@@ -14,7 +14,7 @@ Pids are judged in this process's pid namespace: where containers share ``/dev/s
 pids, run the doctor inside the container whose trainers made the names.
 
 The scanning and judging are plain functions (:func:`scan`, :func:`remove`,
-:func:`report`); the CLI in :mod:`.cli` only prints them.
+:func:`report`); the CLI in :mod:`aioloader.cli` only prints them.
 """
 
 from __future__ import annotations

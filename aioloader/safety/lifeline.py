@@ -16,11 +16,13 @@ Two mechanisms, and each helper uses both where it can:
 The chain after a trainer dies: the zygote sees its pipe close (and on Linux gets SIGKILL),
 each worker sees its own pipe close (and gets SIGKILL when the zygote dies), and
 multiprocessing's resource tracker, once every holder of its pipe is gone, unlinks the
-shared-memory slabs and semaphores still registered with it (see :mod:`.decode.slabs`).
+shared-memory slabs and semaphores still registered with it (see :mod:`aioloader.decode.slabs`).
 
 Each helper also says what it is (:func:`name_process`), so ``ps``, ``top`` and ``htop`` show
 ``aioloader-zygote``, ``aioloader-worker`` and ``aioloader-loader`` rather than a row of
-``python``.
+``python``, and records its role (:func:`become`): a loader cannot be started inside one
+(:func:`refuse_loader_here`), because its code would run in a worker or the loader process,
+where a second pool of helpers is never what the user meant.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ import signal
 import sys
 import threading
 
-__all__ = ["die_with_parent", "exit_when_closed", "name_process"]
+from aioloader.errors import LoaderError
+
+__all__ = ["become", "die_with_parent", "exit_when_closed", "name_process", "refuse_loader_here", "role"]
+
+_role: str | None = None
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -115,3 +121,27 @@ def follow_parent() -> None:
     # The pipe only the parent process writes to (multiprocessing's "parent sentinel"): end
     # of file once it is gone, even while this process waits for work that never comes.
     exit_when_closed(parent.sentinel)
+
+
+def become(what: str) -> None:
+    """Record that this process is aioloader's ``what`` (``"zygote"``, ``"worker"``,
+    ``"loader"``; inherited by what it forks) and name it ``aioloader-<what>`` where
+    ``ps`` and ``top`` look (:func:`name_process`). Call it first:
+    threads started afterwards inherit the name."""
+    global _role
+    _role = what
+    name_process(f"aioloader-{what}")
+
+
+def role() -> str | None:
+    """What this process is to aioloader, or None for a user's process."""
+    return _role
+
+
+def refuse_loader_here() -> None:
+    """Raise :class:`LoaderError` inside one of aioloader's own helper processes."""
+    if _role is not None:
+        raise LoaderError(
+            f"a Loader cannot be started inside aioloader's own {_role} process (pid {os.getpid()}): "
+            "make loaders in the training script, not in code that decode, read or collate run"
+        )

@@ -13,7 +13,7 @@ it reaches the loaders' exit hook. One installed later replaces ours, as the use
 the last loader closes, ours is removed if it is still in place. Handlers can only be set
 from the main thread: ``async with`` installs it back on the caller's thread once its start
 (run on a short-lived thread) is done; a loader started only on other threads leaves SIGTERM
-as it is (its helpers still end with the process: :mod:`.lifeline`).
+as it is (its helpers still end with the process: :mod:`aioloader.safety.lifeline`).
 
 Python runs a signal handler on the main thread, between two bytecodes. A main thread that
 entered a blocking call (``time.sleep``, a lock, a C extension's wait) just after the signal

@@ -2,7 +2,7 @@
 
 While an epoch is produced, :meth:`Tuner.run` wakes every :data:`TICK` seconds on the
 loader's loop, reads the read and decode meters (and, every :data:`CPU_TICKS` ticks, the CPU
-clock of the trainer's process), asks :mod:`.autotune` and applies the answers: the
+clock of the trainer's process), asks :mod:`aioloader.tune.rules` and applies the answers: the
 reader's limit (the engine's window of batches follows it) and the decoders at work.
 
 Changes move bounds only. Which samples make up each batch, their order, and what
@@ -42,7 +42,7 @@ TICK = 0.5
 CPU_TICKS = 4
 #: Most reads in flight ``io_concurrency="auto"`` goes to (before the fd and memory bounds).
 MAX_AUTO_IO = 1024
-#: Longest a tick waits for :data:`~.autotune.MIN_READS` reads before it is judged anyway.
+#: Longest a tick waits for :data:`~aioloader.tune.rules.MIN_READS` reads before it is judged anyway.
 LONGEST_WINDOW = 5.0
 
 

@@ -1,0 +1,68 @@
+"""Which epoch a loader's next iteration runs, and where in it: the bookkeeping behind
+``set_epoch``, ``state_dict`` and ``load_state_dict``. Pure: no I/O, no event loop.
+
+Epochs count up by themselves: an iteration that follows another without ``set_epoch`` runs
+the next epoch. ``set_epoch(e)`` (or a loaded state) fixes the next one instead. A loaded
+state applies to its own epoch only, and only once: the iteration after it starts afresh.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aioloader.plan.resume import Progress, ResumePoint, plan_for
+from aioloader.plan.sampler import EpochPlan
+
+if TYPE_CHECKING:  # the plan reads a config's fields: no I/O comes with it
+    from aioloader.config import LoaderConfig
+
+__all__ = ["Epochs"]
+
+
+class Epochs:
+    """The epoch of a loader over ``dataset_len`` samples with ``config``: the current (or
+    next) one, the resume point waiting for it, and the progress of the last iteration."""
+
+    def __init__(self, config: LoaderConfig, dataset_len: int) -> None:
+        self._config = config
+        self._len = dataset_len
+        #: The epoch of the current (or next) iteration.
+        self.epoch = 0
+        self._chosen = True  # the first iteration runs epoch 0 unless set_epoch says otherwise
+        self._resume: ResumePoint | None = None  # from a loaded state, until its epoch starts
+        self._progress: Progress | None = None  # of the current (or last) iteration
+
+    def set(self, epoch: int) -> None:
+        """The next iteration runs ``epoch`` (a ``ValueError`` unless a non-negative int). A
+        loaded state for that epoch keeps its position."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be a non-negative integer")
+        self.epoch = epoch
+        self._chosen = True
+
+    def begin(self) -> tuple[EpochPlan, ResumePoint | None, Progress]:
+        """Start an iteration: its batch plan, the resume point it starts from (None for a
+        whole epoch), and the progress the trainer's receipts are counted in."""
+        if not self._chosen:
+            self.epoch += 1
+        self._chosen = False
+        plan = plan_for(self._config, self._len, self.epoch, self._resume)
+        point = self._resume if self._resume is not None and self._resume.epoch == self.epoch else None
+        self._resume = None
+        self._progress = Progress(self.epoch, len(plan), point)
+        return plan, point, self._progress
+
+    def progress(self, batches_per_epoch: int) -> Progress:
+        """Where a state dict taken now says the loader is: the current iteration's progress,
+        or the start of the epoch chosen for the next one."""
+        progress = self._progress
+        if progress is None or (self._chosen and progress.epoch != self.epoch):
+            progress = Progress(self.epoch, batches_per_epoch)
+        return progress
+
+    def resume(self, point: ResumePoint) -> None:
+        """The next iteration continues ``point``'s epoch where it stopped."""
+        self._resume = point
+        self.epoch, self._chosen = point.epoch, True
+        total = len(plan_for(self._config, self._len, point.epoch, point))
+        self._progress = Progress(point.epoch, total, point)

@@ -1,0 +1,166 @@
+"""What runs on the read threads, one call per executor hop: a whole file, a byte range, a
+custom ``read``, each straight into a slab's arena when it fits; and a group of files read
+on one thread while reads are fast (:class:`ReadPace`). Blocking, no event loop: the loop
+side is :class:`aioloader.read.reader.FileReader`.
+
+Every function returns a :data:`~aioloader.decode.protocol.Source`: ``(offset, length)`` in
+the arena, or the bytes themselves when they do not fit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aioloader.decode.protocol import Source
+from aioloader.decode.slabs import Arena
+from aioloader.read.remote import local_path
+
+__all__ = [
+    "GROUP_THREADS",
+    "ReadPace",
+    "check_span",
+    "into",
+    "read_file",
+    "read_group",
+    "read_into",
+    "read_span",
+    "store",
+    "store_span",
+    "timed",
+]
+
+
+def read_file(path: str) -> bytes:
+    """Read a whole file with one open and, for a stable file, one read call."""
+    with open(local_path(path), "rb", buffering=0) as f:
+        return f.readall()
+
+
+def read_into(path: str, arena: Arena) -> Source:
+    """Read ``path`` straight into ``arena`` (no intermediate bytes object); the bytes
+    themselves when it does not fit or changed size while being read."""
+    with open(local_path(path), "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        off = arena.alloc(size) if size > 0 else None
+        if off is None:
+            return f.readall()
+        view = arena.buf[off : off + size]
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        if got < size or f.read(1):  # shrank or grew under us: take what is there now
+            f.seek(0)
+            return f.readall()
+        return (off, size)
+
+
+def read_span(path: str, span: tuple[int, int], arena: Arena | None) -> Source:
+    """``span = (offset, length)`` bytes of a local file, into ``arena`` when given and they
+    fit; an ``EINVAL`` OSError when the file ends before the span does."""
+    offset, length = span
+    with open(local_path(path), "rb", buffering=0) as f:
+        off = arena.alloc(length) if arena is not None else None
+        if arena is None or off is None:
+            data = os.pread(f.fileno(), length, offset)
+            check_span(len(data), span)
+            return data
+        view = arena.buf[off : off + length]
+        got = 0
+        while got < length:
+            n = os.preadv(f.fileno(), [view[got:]], offset + got)
+            if not n:
+                break
+            got += n
+        check_span(got, span)
+        return (off, length)
+
+
+def check_span(got: int, span: tuple[int, int]) -> None:
+    if got < span[1]:
+        raise OSError(
+            errno.EINVAL,
+            f"bytes {span[0]}-{span[0] + span[1] - 1} asked for, but it ends after {span[0] + got} bytes",
+        )
+
+
+def store_span(read: Callable[[str], bytes], path: str, span: tuple[int, int], arena: Arena | None) -> Source:
+    """A custom ``read`` gives the whole file: the span is cut out of it."""
+    data = read(path)[span[0] : span[0] + span[1]]
+    check_span(len(data), span)
+    return data if arena is None else into(data, arena)
+
+
+def store(read: Callable[[str], bytes], path: str, arena: Arena) -> Source:
+    """Run a custom ``read`` and put its bytes into ``arena`` when they fit."""
+    return into(read(path), arena)
+
+
+def into(data: bytes | memoryview, arena: Arena) -> Source:
+    """``data`` copied into ``arena`` when it fits, else ``data`` itself (as ``bytes``)."""
+    off = arena.alloc(len(data)) if data else None
+    if off is None:
+        return data if isinstance(data, bytes) else bytes(data)
+    arena.buf[off : off + len(data)] = data
+    return (off, len(data))
+
+
+#: Group hops at once. Fast reads need no parallelism (one thread reads page-cached files
+#: at tens of thousands a second), and every extra thread in the GIL's queue delays the
+#: trainer's own threads.
+GROUP_THREADS = 2
+
+
+class ReadPace:
+    """Whether reads are fast enough to group (pure; fed from the I/O threads).
+
+    A read is *slow* past ``slow`` seconds (1 ms: far above a page-cache hit, far below a
+    network round trip). Reads are grouped while the recent slow share is small; a group
+    stops at its first slow read, and at ``budget`` seconds in all, so a group never holds
+    back the files after it for long.
+    """
+
+    slow = 0.001
+    budget = 0.004
+
+    def __init__(self) -> None:
+        self.slow_share = 0.0  # exponentially weighted share of slow reads
+
+    def observe(self, seconds: float) -> None:
+        self.slow_share = 0.9 * self.slow_share + 0.1 * (seconds > self.slow)
+
+    @property
+    def fast(self) -> bool:
+        return self.slow_share < 0.2
+
+
+def timed(pace: ReadPace, fn: Callable[..., Source], *args: Any) -> Source:
+    start = time.perf_counter()
+    try:
+        return fn(*args)
+    finally:
+        pace.observe(time.perf_counter() - start)
+
+
+def read_group(one: Callable[[str], Source], paths: list[str], pace: ReadPace) -> list[Source | OSError]:
+    """Read ``paths`` in order on this thread until one read is slow or the budget is spent;
+    the results of those attempted (the rest are left to the caller)."""
+    out: list[Source | OSError] = []
+    start = time.perf_counter()
+    for path in paths:
+        t = time.perf_counter()
+        try:
+            out.append(one(path))
+        except OSError as exc:
+            out.append(exc.with_traceback(None))
+        now = time.perf_counter()
+        pace.observe(now - t)
+        if now - t > pace.slow or now - start > pace.budget:
+            break
+    return out

@@ -1,0 +1,176 @@
+"""The house (README "Layout"): what the folders, the wings' maps and the import contracts
+promise, and that the move into wings left old pickles loading.
+
+The contracts themselves are checked by ``lint-imports`` in CI; here they are shown to
+*fail* on a copy of the package with one deliberate violation each, so a contract that
+stopped checking anything would be noticed.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import aioloader
+from aioloader import FileDataset, ImageDecoder, default_collate
+from aioloader.config import LoaderConfig
+
+PKG = Path(aioloader.__file__).resolve().parent
+ROOT = PKG.parent
+WINGS = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").is_file())
+MODULES = sorted(p.relative_to(PKG) for p in PKG.rglob("*.py"))
+
+
+def test_wings_and_at_most_12_modules_at_the_top() -> None:
+    assert WINGS == ["base", "cli", "decode", "engine", "observe", "plan", "read", "run", "safety", "tune"]
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 12, top
+
+
+def test_no_module_over_400_lines() -> None:
+    lines = {str(m): len((PKG / m).read_text().splitlines()) for m in MODULES}
+    assert {m: n for m, n in lines.items() if n > 400} == {}
+
+
+@pytest.mark.parametrize("wing", WINGS)
+def test_each_wing_maps_exactly_its_modules(wing: str) -> None:
+    doc = ast.get_docstring(ast.parse((PKG / wing / "__init__.py").read_text())) or ""
+    mapped = set(re.findall(r"^\| ``(\w+)\.py``", doc, flags=re.M))
+    present = {p.stem for p in (PKG / wing).glob("*.py")} - {"__init__"}
+    assert mapped == present, f"aioloader/{wing}/__init__.py maps {sorted(mapped)}, has {sorted(present)}"
+
+
+def test_readme_layout_names_every_module_under_its_wing() -> None:
+    readme = ROOT / "README.md"
+    if not readme.is_file():
+        pytest.skip("not a checkout: no README.md beside the package")
+    layout = readme.read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    sections = re.split(r"^\*\*", layout, flags=re.M)
+    for wing in WINGS:
+        (section,) = [s for s in sections if s.startswith(f"`{wing}/`**")]
+        rows = "\n".join(line.split(" | ")[0] for line in section.splitlines() if line.startswith("| `"))
+        named = set(re.findall(r"`(\w+)\.py`", rows))
+        present = {p.stem for p in (PKG / wing).glob("*.py")} - {"__init__"}
+        assert named == present, wing
+        assert f"\n  {wing}/ " in layout, f"{wing}/ has no line in the map"
+    (top,) = [s for s in sections if s.startswith("Top level**")]
+    assert set(re.findall(r"`aioloader/(\w+)\.py`", top)) == {p.stem for p in PKG.glob("*.py")}
+
+
+# -- the import contracts ([tool.importlinter] in pyproject.toml) ----------------------------
+
+#: One deliberate violation per contract: (file, text appended, the contract it breaks).
+VIOLATIONS = {
+    "errors-imports-cli": (
+        "errors.py",
+        "\n\ndef _sneak() -> None:\n    from aioloader.cli import main  # noqa: F401\n",
+        "wings import only the wings below them",
+    ),
+    "deferred-decode-imports-run": (
+        "decode/pool.py",
+        "\n\ndef _sneak() -> None:\n    from aioloader.run import bridge  # noqa: F401\n",
+        "wings import only the wings below them",
+    ),
+    "pure-plan-imports-asyncio": (
+        "plan/sampler.py",
+        "\n\nimport asyncio  # noqa: E402, F401\n",
+        "pure wings: no I/O, no event loop, no processes",
+    ),
+    "rules-import-the-reader": (
+        "tune/rules.py",
+        "\n\ndef _sneak() -> None:\n    from aioloader.read import reader  # noqa: F401\n",
+        "pure wings: no I/O, no event loop, no processes",
+    ),
+    "loop-inside-decode": (
+        "decode/slots.py",
+        "\n\ndef _sneak() -> None:\n    from aioloader.decode import stage  # noqa: F401\n",
+        "no import loop between the modules of a wing, or between wings",
+    ),
+}
+
+
+def _lint(repo: Path) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "lint-imports"
+    if not exe.is_file():
+        pytest.skip("lint-imports is not installed (pip install -e '.[dev]')")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo), "HOME": str(repo)}
+    return subprocess.run(
+        [str(exe), "--no-cache"], cwd=repo, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def package_copy(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(PKG, repo / "aioloader", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
+    return repo
+
+
+def test_contracts_are_kept(package_copy: Path) -> None:
+    done = _lint(package_copy)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+@pytest.mark.parametrize("case", sorted(VIOLATIONS))
+def test_contracts_catch_a_violation(package_copy: Path, case: str) -> None:
+    file, text, contract = VIOLATIONS[case]
+    with open(package_copy / "aioloader" / file, "a") as f:
+        f.write(text)
+    done = _lint(package_copy)
+    assert done.returncode == 1, done.stdout + done.stderr
+    broken = done.stdout.split("Broken contracts", 1)[1]
+    assert f"\n{contract}\n" in broken, broken
+
+
+# -- the public surface did not move ----------------------------------------------------------
+
+
+def test_pickles_from_before_the_wings_still_load() -> None:
+    """``tests/data/before_wings.pkl`` was written by aioloader 017fc57 (the flat package):
+    a ``LoaderConfig`` (its callables carried by value), two ``FileDataset`` s and an
+    ``ImageDecoder``."""
+    data = pickle.loads((Path(__file__).parent / "data" / "before_wings.pkl").read_bytes())
+    config = data["config"]
+    assert isinstance(config, LoaderConfig)
+    assert (config.batch_size, config.seed, config.on_error, config.max_failures) == (4, 3, "skip", 0.5)
+    assert set(config.sent) == {"decode"}
+    assert isinstance(config.decode, ImageDecoder) and config.collate is default_collate
+
+    jpeg = io.BytesIO()
+    Image.fromarray(np.full((40, 50, 3), 7, np.uint8)).save(jpeg, format="JPEG")
+    samples = [config.decode(jpeg.getvalue()), data["decoder"](jpeg.getvalue())]
+    batch = config.collate(samples)
+    assert isinstance(batch, torch.Tensor) and batch.shape == (2, 3, 32, 32)
+
+    plain, ranged = data["dataset"], data["ranged"]
+    assert isinstance(plain, FileDataset) and isinstance(ranged, FileDataset)
+    assert list(plain.paths) == ["a/x.jpg", "a/y.jpg", "b/z.jpg"]
+    assert plain.labels is not None and plain.labels.tolist() == [0, 0, 1] and plain.classes == ["a", "b"]
+    assert [ranged.span(i) for i in range(len(ranged))] == [(0, 10), (10, 20)]
+    again = pickle.loads(pickle.dumps(data))  # and they pickle again with today's paths
+    assert list(again["dataset"].paths) == list(plain.paths)
+
+
+def test_documented_import_paths() -> None:
+    from aioloader.cli import main
+    from aioloader.config import usable_cpus
+    from aioloader.synthetic import make_image_folder
+
+    assert callable(main) and callable(make_image_folder) and usable_cpus() >= 1
+    done = subprocess.run(
+        [sys.executable, "-m", "aioloader", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "bench" in done.stdout and "doctor" in done.stdout
