@@ -7,6 +7,10 @@ training step costs ``max(T_load, T_train)`` instead of their sum. See ``Loader`
 The names that need torch (``Loader``, ``default_collate``) are imported on first use: the
 decode workers import this package to run ``ImageDecoder`` and ``sample_rng``, and without
 torch they start in a fraction of the time and memory.
+
+The subpackages are the data flow's wings (``read/``, ``decode/``, ``engine/``, ``run/``, ...),
+each importing only those below it; each wing's ``__init__`` maps its modules, and the
+README's "Layout" draws the whole house.
 """
 
 from __future__ import annotations

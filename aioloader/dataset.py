@@ -19,7 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from aioloader.pathtable import PathTableBuilder
-from aioloader.read.remote import is_remote, list_folder, local_path, redact
+from aioloader.read.remote import list_folder
+from aioloader.read.urls import is_remote, local_path, redact
 from aioloader.rows import (
     LabelCodes,
     as_int,

@@ -29,7 +29,7 @@ from aioloader.plan.epochs import Epochs
 from aioloader.plan.resume import check_state, make_state
 from aioloader.plan.sampler import num_batches, shard_size
 from aioloader.read.backends import StorageBackend
-from aioloader.read.remote import is_remote
+from aioloader.read.urls import is_remote
 from aioloader.run.cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from aioloader.run.procruntime import ProcessRuntime
 from aioloader.run.runtime import Runtime

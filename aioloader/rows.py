@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from aioloader.read.remote import scheme
+from aioloader.read.urls import scheme
 
 __all__ = [
     "LabelCodes",

@@ -120,7 +120,7 @@ def load_decode(spec: str) -> Any:
 
 def _dataset(source: str, options: dict[str, Any] | None) -> Any:
     from aioloader.dataset import FileDataset, _walk
-    from aioloader.read.remote import is_remote
+    from aioloader.read.urls import is_remote
 
     if is_remote(source):
         return FileDataset.from_folder(source, storage_options=options, extensions=None)
@@ -141,7 +141,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
     from aioloader.loader import Loader
     from aioloader.observe.bottleneck import diagnose
     from aioloader.observe.trace import Tracer
-    from aioloader.read.remote import is_remote
+    from aioloader.read.urls import is_remote
 
     options = json.loads(args.storage_options) if args.storage_options else None
     decode = load_decode(args.decode)

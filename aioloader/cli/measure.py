@@ -104,7 +104,7 @@ class TorchFiles:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> Any:
-        from aioloader.read.remote import is_remote, options_for, scheme
+        from aioloader.read.urls import is_remote, options_for, scheme
 
         path = self.paths[i]
         if is_remote(path):

@@ -5,6 +5,7 @@
 | --- | --- |
 | ``reader.py`` | ``FileReader``: reads in flight within a limit, retries, failures as ``ReadError`` |
 | ``blocking.py`` | what runs on a read thread: a file, a byte range, a custom ``read``, a fast group |
-| ``remote.py`` | URLs: one client per protocol, ``storage_options``, fault classes, redaction, listing |
+| ``remote.py`` | URLs read: one client per protocol, fault classes, prefix listing |
+| ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, one protocol's ``storage_options`` |
 | ``backends.py`` | the clients: fsspec's async filesystems, obstore (loader process only), the choice |
 """

@@ -17,7 +17,7 @@ from typing import Any
 
 from aioloader.decode.protocol import Source
 from aioloader.decode.slabs import Arena
-from aioloader.read.remote import local_path
+from aioloader.read.urls import local_path
 
 __all__ = [
     "GROUP_THREADS",

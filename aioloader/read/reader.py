@@ -50,7 +50,8 @@ from aioloader.read.blocking import (
     store_span,
     timed,
 )
-from aioloader.read.remote import RemoteStore, is_remote, redact
+from aioloader.read.remote import RemoteStore
+from aioloader.read.urls import is_remote, redact
 
 __all__ = ["FileReader", "ReadPace", "Source", "read_file"]  # ReadPace, read_file: from .blocking
 

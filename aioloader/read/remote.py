@@ -18,7 +18,7 @@ What a failed read becomes (``DESIGN.md``, "Remote storage"):
   ``on_error`` says.
 
 Credentials never appear in what this module raises or logs: URLs are shown by
-:func:`redact` (no user info, no signature or token in the query), and
+:func:`~aioloader.read.urls.redact` (no user info, no signature or token in the query), and
 ``storage_options`` are never formatted.
 """
 
@@ -30,30 +30,19 @@ import re
 import threading
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from aioloader.errors import LoaderError
 from aioloader.read.backends import (
-    FSSPEC_PACKAGES,
     Backend,
     FsspecBackend,
     ObstoreBackend,
     StorageBackend,
     choose,
 )
+from aioloader.read.urls import options_for, redact, scheme
 
-__all__ = [
-    "RemoteReadError",
-    "RemoteStore",
-    "is_remote",
-    "local_path",
-    "options_for",
-    "redact",
-    "scheme",
-]
+__all__ = ["RemoteReadError", "RemoteStore", "list_folder"]
 
-_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
-_SECRET_QUERY = re.compile(r"(sig|signature|token|key|credential|secret|password)", re.IGNORECASE)
 _THROTTLED = {429, 500, 502, 503, 504}
 _BAD_CREDENTIALS = (
     "InvalidAccessKeyId",
@@ -78,60 +67,6 @@ _TRANSPORT_WORDS = (
     "error sending request",
 )
 _THROTTLE_WORDS = ("SlowDown", "Throttl", "ServiceUnavailable", "RequestTimeout", "InternalError")
-
-
-def scheme(path: str) -> str | None:
-    """The URL scheme of ``path`` in lower case (``'s3'``, ``'file'``), or None for a plain
-    path."""
-    if "://" not in path:  # the common case, on the read path: no regex for a plain path
-        return None
-    m = _SCHEME.match(path)
-    return m.group(1).lower() if m else None
-
-
-def is_remote(path: str) -> bool:
-    """Whether ``path`` is read through :class:`RemoteStore` (a URL other than ``file://``)."""
-    s = scheme(path)
-    return s is not None and s != "file"
-
-
-def local_path(path: str) -> str:
-    """``file:///a/b`` -> ``/a/b``; any other path unchanged."""
-    return path[len("file://") :] if scheme(path) == "file" else path
-
-
-def redact(url: str) -> str:
-    """``url`` fit for a log line or an error: no ``user:password@``, and the values of
-    query parameters that look like signatures, tokens or keys replaced by ``***``."""
-    if not is_remote(url):
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url.split("?", 1)[0]
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if _SECRET_QUERY.search(k) else v) for k, v in pairs])
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def options_for(storage_options: Mapping[str, Any] | None, protocol: str) -> dict[str, Any]:
-    """The options for ``protocol``: a dict keyed by protocol (``{"s3": {...}}``) gives that
-    protocol's entry (``https`` falls back to ``http``), a flat dict applies to every
-    protocol."""
-    if not storage_options:
-        return {}
-    keyed = all(isinstance(v, Mapping) and k in FSSPEC_PACKAGES for k, v in storage_options.items())
-    if keyed:
-        entry = storage_options.get(protocol)
-        if entry is None and protocol == "https":
-            entry = storage_options.get("http")
-        if entry is None and protocol == "s3a":
-            entry = storage_options.get("s3")
-        return dict(entry or {})
-    return dict(storage_options)
 
 
 class RemoteReadError(OSError):

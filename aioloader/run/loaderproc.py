@@ -41,7 +41,7 @@ from aioloader.decode import zygote
 from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint, plan_for
-from aioloader.read.remote import is_remote
+from aioloader.read.urls import is_remote
 from aioloader.run.pipeline import Pipeline, build
 from aioloader.run.wire import Located, encode, pack_error
 from aioloader.safety import lifeline
