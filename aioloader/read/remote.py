@@ -108,10 +108,6 @@ class RemoteStore:
         self._backends[key] = made
         return made
 
-    def backend_name(self, protocol: str) -> str:
-        """``'obstore'`` or ``'fsspec'``: what reads ``protocol``."""
-        return "obstore" if isinstance(self.backend(protocol), ObstoreBackend) else "fsspec"
-
     async def cat(self, url: str, start: int | None = None, end: int | None = None) -> Any:
         """The object at ``url`` (bytes ``start`` to ``end``, exclusive, when given), as
         ``bytes`` or another buffer of bytes. Raises :class:`RemoteReadError` for this
