@@ -87,15 +87,16 @@ class FlakyRead:
 
 
 class SlowRead:
-    """A read hook that stalls ``seconds`` on the files whose number is in ``on``."""
+    """A read hook that stalls ``seconds`` on the files whose number is in ``on``, or on
+    every file when ``on`` is None (storage that answers slowly; any files then)."""
 
-    def __init__(self, on: set[int], seconds: float) -> None:
+    def __init__(self, on: set[int] | None, seconds: float) -> None:
         self.on = on
         self.seconds = seconds
 
     def __call__(self, path: str) -> bytes:
         data = Path(path).read_bytes()
-        if int(decode_number(data)[0]) in self.on:
+        if self.on is None or int(decode_number(data)[0]) in self.on:
             time.sleep(self.seconds)
         return data
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faults import SlowRead
 from helpers import SlowDecode, decode_number
 
 from aioloader import Loader
@@ -20,18 +21,6 @@ from aioloader.observe.stats import WINDOW
 @pytest.fixture(params=[False, True], ids=["thread", "process"])
 def process(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
-
-
-class SlowRead:
-    """Reads a file after sleeping ``seconds`` (storage that answers slowly)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def __call__(self, path: str) -> bytes:
-        time.sleep(self.seconds)
-        with open(path, "rb") as f:
-            return f.read()
 
 
 class SlowCollate:
@@ -57,7 +46,7 @@ def epoch_stats(paths: list[str], step: float = 0.0, **kw: Any) -> Any:
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        ({"read": SlowRead(0.03), "io_concurrency": 2}, "read"),
+        ({"read": SlowRead(None, seconds=0.03), "io_concurrency": 2}, "read"),
         ({"decode": SlowDecode(0.03)}, "decode"),
         ({"collate": SlowCollate(0.05)}, "collate"),
         ({"step": 0.05}, "trainer"),
