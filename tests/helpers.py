@@ -310,13 +310,14 @@ def is_gone(pid: int) -> bool:
     return fields is None or fields[0] in ("Z", "X")
 
 
-def shm_mapping(tensor: object) -> str | None:
-    """The name of this process's aioloader slab that ``tensor``'s memory lies in (a memfd
-    mapping, ``/memfd:aioloader-<pid>-...``, or a ``/dev/shm/aioloader-<pid>-...`` one; from
+def shm_mapping(tensor: object, maker: int | None = None) -> str | None:
+    """The name of the aioloader slab made by process ``maker`` (default: this one; a loader
+    process's pid for its batches) that ``tensor``'s memory lies in (a memfd mapping,
+    ``/memfd:aioloader-<maker>-...``, or a ``/dev/shm/aioloader-<maker>-...`` one; from
     /proc/self/maps, also once the slab is closed, while still mapped), or None for memory
-    of its own (a copy)."""
+    of its own (a copy) or another process's slab."""
     ptr = tensor.untyped_storage().data_ptr()  # type: ignore[attr-defined]
-    for start, end, name in slab_mappings(os.getpid()):
+    for start, end, name in slab_mappings(os.getpid() if maker is None else maker):
         if start <= ptr < end:
             return name
     return None

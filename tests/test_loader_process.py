@@ -32,6 +32,7 @@ from helpers import (
     number_image,
     number_ragged,
     script_env,
+    shm_mapping,
     shm_segments,
     slab_mappings,
 )
@@ -40,17 +41,6 @@ from aioloader import DecodeError, Loader, LoaderError, ReadError
 from aioloader.decode.slabs import shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
-
-
-def shm_view(t: Any) -> str | None:
-    """The aioloader slab (any maker) that ``t``'s memory lies in, from /proc/self/maps."""
-    ptr = t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
-    return next((name for start, end, name in slab_mappings() if start <= ptr < end), None)
-
-
-def segments_of(pid: int) -> set[str]:
-    """Slabs process ``pid`` made and shares: its memfd descriptors, its /dev/shm files."""
-    return shm_segments(pid)
 
 
 def loader_pid() -> int:
@@ -84,10 +74,10 @@ def test_same_batches_as_in_process_as_views_of_the_loader_processes_slabs(numbe
         ours = {t.name for t in threading.enumerate() if t.name.startswith("aioloader-")}
         assert ours <= {"aioloader-transfer", "aioloader-signals"}
         # Batches of the second epoch are the loader process's slabs, mapped here.
-        assert all((shm_view(b) or "").startswith(f"aioloader-{pid}-") for b in batches[:-1])
-        assert segments_of(pid)
+        assert all(shm_mapping(b, maker=pid) is not None for b in batches[:-1])
+        assert shm_segments(pid)
     # Closed: the process and its segments are gone; batches still held stay valid.
-    assert is_gone(pid) and segments_of(pid) == set()
+    assert is_gone(pid) and shm_segments(pid) == set()
     assert sorted(n for b in batches for n in numbers(b)) == list(range(37))
     # Once they are dropped, nothing of the slabs is left here: no mapping, no descriptor.
     del batches
@@ -100,14 +90,22 @@ def test_held_batches_never_change_while_slabs_are_reused(numbered: list[str]) -
         numbered, batch_size=4, decode=number_image, num_workers=2, prefetch=1, loader_process=True
     ) as loader:
         pid = loader_pid()
-        held = list(loader)
+        list(loader)  # the first epoch teaches the layout (its batches may cross as copies)
+        held = list(loader)  # every batch of the second one kept: its slabs must not be reused
+        pinned = {shm_mapping(b, maker=pid) for b in held}
+        assert None not in pinned and len(pinned) == len(held)
         snapshot = [b.clone() for b in held]
+        later: list[str | None] = []
         for _ in range(4):
             for b in loader:
+                later.append(shm_mapping(b, maker=pid))
                 del b
         assert all(torch.equal(a, b) for a, b in zip(held, snapshot, strict=True))
-        # Dropped batches' slabs went back for reuse: no new segment per batch.
-        assert len(segments_of(pid)) < 4 * 10
+        # Every later batch is one of the loader process's slabs. Dropped batches' slabs went
+        # back for reuse: 40 batches in far fewer slabs, none of them a held batch's.
+        assert None not in later and len(later) == 40
+        assert len(set(later)) < len(later) // 2
+        assert not set(later) & pinned
 
 
 def test_varying_shapes_reach_the_trainer_as_views(numbered: list[str]) -> None:
@@ -193,7 +191,7 @@ def test_a_collate_that_cannot_be_sent_is_refused_when_the_loader_is_made(number
     assert "cannot pickle '_thread.lock' object" in str(info.value)
     # In the trainer's process the same collate runs where it is: nothing is sent.
     with Loader(numbered, batch_size=4, decode=decode_number, collate=lambda s: lock) as loader:
-        assert loader.config.collate is not None
+        assert all(batch is lock for batch in loader)
 
 
 def test_a_killed_loader_process_is_a_clear_error(numbered: list[str]) -> None:

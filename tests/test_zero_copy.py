@@ -22,6 +22,7 @@ from helpers import (
     number_image,
     number_ragged,
     number_tensor,
+    shm_mapping,
     shm_segments,
     slab_mappings,
 )
@@ -32,14 +33,9 @@ from aioloader.decode.slabs import shm_available
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
 
 
-def shm_mappings() -> list[tuple[int, int, str]]:
-    """``(start, end, name)`` of this process's mappings of aioloader's slabs."""
-    return slab_mappings()
-
-
 def in_shared_memory(t: torch.Tensor) -> bool:
-    ptr = t.data_ptr()
-    return any(start <= ptr < end for start, end, _ in shm_mappings())
+    """``t`` views one of this process's slabs (helpers.shm_mapping)."""
+    return shm_mapping(t) is not None
 
 
 def numbers(batch: torch.Tensor) -> list[int]:
@@ -63,7 +59,7 @@ def test_plain_function_batches_become_views_of_shared_memory(numbered: list[str
     assert numbers(epochs[1][3]) == [12, 13, 14, 15]
     del epochs, batches
     gc.collect()
-    assert shm_segments() == set() and shm_mappings() == []
+    assert shm_segments() == set() and slab_mappings() == []
 
 
 def test_tensor_outputs_stay_tensors_and_travel_by_shared_memory(numbered: list[str]) -> None:
