@@ -113,9 +113,44 @@ def test_a_different_dataset_or_world_size_is_refused(frontend: Driver, numbered
         other.load_state_dict(state)
 
 
+def test_each_rank_resumes_its_own_shard(frontend: Driver, numbered: list[str]) -> None:
+    """Two ranks stop after 2 and 3 batches; each resumes from its own state and delivers
+    exactly the rest of its shard, so together they deliver what an uninterrupted run does.
+    A rank's state is refused by another rank."""
+    whole: list[Batches] = []
+    for r in range(2):
+        with frontend.opened(make(numbered, rank=r, world_size=2)) as loader:
+            whole.append(batches(frontend, loader, 0))
+    assert len(whole[0]) == len(whole[1]) == 5  # 37 samples padded to 2 x 19: 5 batches each
+    before: list[Batches] = []
+    states = []
+    for r, stop in ((0, 2), (1, 3)):
+        with frontend.opened(make(numbered, rank=r, world_size=2, prefetch=3)) as first:
+            before.append(batches(frontend, first, 0, stop))
+            states.append(json.loads(json.dumps(first.state_dict())))
+    after: list[Batches] = []
+    for r in range(2):
+        with frontend.opened(make(numbered, rank=r, world_size=2, num_workers=2)) as second:
+            second.load_state_dict(states[r])
+            after.append(batches(frontend, second, 0))
+    assert [len(b) for b in before] == [2, 3]
+    assert before[0] + after[0] == whole[0]
+    assert before[1] + after[1] == whole[1]
+    together = sorted(i for r in range(2) for b in before[r] + after[r] for i in b)
+    assert together == sorted(i for rank in whole for b in rank for i in b)
+    assert set(together) == set(range(37)) and len(together) == 38  # one sample repeated to pad
+    with (
+        frontend.opened(make(numbered, rank=0, world_size=2)) as other,
+        pytest.raises(ValueError, match="the state is rank 1's, this loader is rank 0"),
+    ):
+        other.load_state_dict(states[1])
+
+
 def test_reshard_two_ranks_to_three(frontend: Driver, numbered: list[str]) -> None:
     """Two ranks stop after 2 batches each; three ranks finish the epoch: every sample is
-    delivered, nothing received before is repeated, every new rank has as many batches."""
+    delivered, nothing received before is repeated, every new rank has as many batches.
+    Either old rank's state says the same (lockstep ranks): new ranks 0 and 2 load rank 0's,
+    new rank 1 loads rank 1's."""
     seen: list[int] = []
     states = []
     for r in range(2):
@@ -125,7 +160,7 @@ def test_reshard_two_ranks_to_three(frontend: Driver, numbered: list[str]) -> No
     rest: list[Batches] = []
     for r in range(3):
         with frontend.opened(make(numbered, rank=r, world_size=3)) as new:
-            new.load_state_dict(states[0], allow_reshard=True)
+            new.load_state_dict(states[r % 2], allow_reshard=True)
             rest.append(batches(frontend, new, 0))
     later = [i for rank in rest for b in rank for i in b]
     assert set(seen) | set(later) == set(range(37))
