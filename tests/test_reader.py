@@ -1,13 +1,20 @@
 """Stage 2 alone: ``FileReader.fetch_many`` reads fast files several per hop and slow ones one
-per hop, keeps their order, and maps every failure to the sample it belongs to."""
+per hop, keeps their order, and maps every failure to the sample it belongs to.
+
+Which thread read which file is recorded by the ``read`` hook (it runs on the read threads).
+Where a case needs reads in flight together, the hook makes them wait for each other (a
+barrier) instead of relying on how long a read takes; where it needs every read to count as
+fast, the reader's ``pace`` is told no read is slow."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import os
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,30 +22,89 @@ import pytest
 from helpers import write_numbered_files
 
 from aioloader import LoaderTimeoutError, ReadError
+from aioloader.read.blocking import GROUP_THREADS
 from aioloader.read.reader import FileReader, ReadPace
+
+#: How long the hook waits for reads that should be in flight together before it gives up
+#: (and says so in ``broken``): long enough never to be reached when they are.
+MEET_TIMEOUT = 20.0
 
 
 class Recording:
-    """A read hook that records which thread read each file, optionally slowly or failing
-    the first try of some files with ``err``."""
+    """A read hook that records which thread read each file (every attempt, in order).
 
-    def __init__(self, delay: float = 0.0, fail_once: set[str] | None = None, err: int = errno.EIO) -> None:
+    ``delay``: seconds each read takes (past ``ReadPace.slow``: a slow read). ``meet``: the
+    first ``meet`` reads (of ``meet_paths`` only, when given) wait until all of them are in
+    flight at once, which they can only be on as many threads. ``hold``: every read waits
+    for this event. ``fail_once``: the first try of these files raises ``OSError(err)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        delay: float = 0.0,
+        meet: int = 0,
+        meet_paths: Iterable[str] | None = None,
+        hold: threading.Event | None = None,
+        fail_once: Iterable[str] = (),
+        err: int = errno.EIO,
+    ) -> None:
         self.delay = delay
-        self.fail_once = set(fail_once or ())
+        self.barrier = threading.Barrier(meet, timeout=MEET_TIMEOUT) if meet else None
+        self.meet_left = meet
+        self.meet_paths = set(meet_paths) if meet_paths is not None else None
+        self.hold = hold
+        self.fail_once = set(fail_once)
         self.err = err
-        self.threads: dict[str, str] = {}
+        self.reads: list[tuple[int, str]] = []  # (thread, path), as the reads began
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.broken = False  # reads that should have been in flight together were not
         self.lock = threading.Lock()
 
     def __call__(self, path: str) -> bytes:
         with self.lock:
-            self.threads[path] = threading.current_thread().name
+            self.reads.append((threading.get_ident(), path))
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
             failing = path in self.fail_once
             self.fail_once.discard(path)
-        if failing:
-            raise OSError(self.err, os.strerror(self.err), path)
-        if self.delay:
-            time.sleep(self.delay)
-        return Path(path).read_bytes()
+            meets = self.meet_left > 0 and (self.meet_paths is None or path in self.meet_paths)
+            self.meet_left -= meets
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            if meets and self.barrier is not None:
+                try:
+                    self.barrier.wait()
+                except threading.BrokenBarrierError:
+                    self.broken = True
+            if self.hold is not None:
+                self.hold.wait(MEET_TIMEOUT)
+            if failing:
+                raise OSError(self.err, os.strerror(self.err), path)
+            return Path(path).read_bytes()
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def thread(self, path: str) -> int:
+        """The thread of ``path``'s first read."""
+        return next(t for t, p in self.reads if p == path)
+
+    def files_per_thread(self) -> dict[int, list[str]]:
+        """Each thread's reads, in order."""
+        out: dict[int, list[str]] = {}
+        for t, p in self.reads:
+            out.setdefault(t, []).append(p)
+        return out
+
+
+def never_slow(reader: FileReader) -> FileReader:
+    """No read counts as slow (nor any group as long): the reader groups whatever the
+    machine's load, so the grouping itself is what a test sees."""
+    reader.pace.slow = reader.pace.budget = math.inf
+    return reader
 
 
 def fetch(reader: FileReader, paths: list[str], timeout: float | None = None) -> list[Any]:
@@ -51,37 +117,79 @@ def fetch(reader: FileReader, paths: list[str], timeout: float | None = None) ->
         reader.close()
 
 
+def contents(paths: list[str]) -> list[bytes]:
+    return [Path(p).read_bytes() for p in paths]
+
+
 @pytest.fixture
 def files(tmp_path: Path) -> list[str]:
     return write_numbered_files(tmp_path / "f", 24)
 
 
 def test_fast_reads_share_a_hop(files: list[str]) -> None:
+    """While reads are fast, one call's 24 files are one hop: one thread reads them all, in
+    order, each once."""
     hook = Recording()
-    got = fetch(FileReader(64, read=hook), files)
-    assert got == [Path(p).read_bytes() for p in files]
-    # 24 page-cached files: one group hop (it may stop early on a busy machine, never in a
-    # way that spreads them over one thread each).
-    assert len(set(hook.threads.values())) < len(files) / 2
+    got = fetch(never_slow(FileReader(64, read=hook)), files)
+    assert got == contents(files)
+    assert list(hook.files_per_thread().values()) == [files]
+
+
+def test_fast_groups_run_on_at_most_group_threads(files: list[str]) -> None:
+    """Six calls at once, four fast files each: each call is one hop (its files on one
+    thread, in order), and GROUP_THREADS hops read at once, never more. The first
+    GROUP_THREADS reads wait for each other: with fewer hops at once they could not meet."""
+    hook = Recording(meet=GROUP_THREADS)
+    reader = never_slow(FileReader(64, read=hook))
+    calls = [files[i : i + 4] for i in range(0, len(files), 4)]
+
+    async def go() -> list[list[Any]]:
+        return await asyncio.gather(*(reader.fetch_many(list(enumerate(c)), None, None) for c in calls))
+
+    try:
+        got = asyncio.run(go())
+    finally:
+        reader.close()
+    assert got == [contents(c) for c in calls]
+    assert sorted(p for _, p in hook.reads) == sorted(files)  # each file read once
+    per_thread = hook.files_per_thread()
+    for c in calls:
+        (thread,) = {hook.thread(p) for p in c}
+        mine = per_thread[thread]
+        start = mine.index(c[0])
+        assert mine[start : start + len(c)] == c  # one hop: the call's files back to back
+    assert not hook.broken
+    assert hook.most_in_flight == GROUP_THREADS
 
 
 def test_slow_reads_go_one_per_hop(files: list[str]) -> None:
-    hook = Recording(delay=0.01)  # 10 ms: network-like
+    """10 ms reads (network-like): the group gives up after its first slow read, and the
+    other 23 files go one per hop, all in flight at once, on a thread each."""
+    hook = Recording(delay=0.01, meet=len(files) - 1, meet_paths=files[1:])
     reader = FileReader(64, read=hook)
     got = fetch(reader, files)
-    assert got == [Path(p).read_bytes() for p in files]
-    # The group gave up after its first slow read; the rest were read concurrently.
-    assert len(set(hook.threads.values())) > len(files) / 2
+    assert got == contents(files)
+    assert hook.reads[0][1] == files[0]  # the group began with it
+    assert sorted(p for _, p in hook.reads) == sorted(files)  # each file read once
+    # The 23 were in flight together: none was in the group hop (no single starts before
+    # it returns), so the group ended with its first, slow, read.
+    assert not hook.broken
+    assert len({hook.thread(p) for p in files[1:]}) == len(files) - 1
     assert not reader.pace.fast
 
 
 def test_a_transient_error_in_a_group_is_retried_and_counted(files: list[str]) -> None:
     retried: list[str] = []
     hook = Recording(fail_once={files[3]})
-    reader = FileReader(64, read=hook, retries=2, on_retry=lambda path, exc: retried.append(path))
+    reader = never_slow(FileReader(64, read=hook, retries=2, on_retry=lambda path, exc: retried.append(path)))
     got = fetch(reader, files)
-    assert got == [Path(p).read_bytes() for p in files]
+    assert got == contents(files)
     assert retried == [files[3]]
+    # The failed try was part of the group hop (one thread read the files up to it, in order);
+    # the file was tried again, once.
+    (group,) = {hook.thread(p) for p in files[:4]}
+    assert hook.files_per_thread()[group][:4] == files[:4]
+    assert [p for _, p in hook.reads].count(files[3]) == 2
 
 
 def test_failures_land_on_their_own_samples(files: list[str], tmp_path: Path) -> None:
@@ -94,13 +202,38 @@ def test_failures_land_on_their_own_samples(files: list[str], tmp_path: Path) ->
     assert isinstance(got[1], ReadError) and got[1].index == 1 and "missing" in got[1].path
     assert isinstance(got[1].__cause__, FileNotFoundError) and got[1].__cause__.__traceback__ is None
     assert isinstance(got[3], ReadError) and "empty file" in str(got[3])
+    assert (got[3].index, got[3].path) == (3, str(empty))
 
 
 def test_a_timeout_reads_one_file_per_hop(files: list[str]) -> None:
-    hook = Recording(delay=0.3)
-    got = fetch(FileReader(64, read=hook), files[:3], timeout=0.05)
+    """With a ``timeout`` (``sample_timeout``), fast files are not grouped: each is a hop of
+    its own (so a read past the timeout is abandoned alone). The six reads wait for each
+    other: all in flight at once, on six threads, a file each. The timeout is never reached."""
+    paths = files[:6]
+    hook = Recording(meet=len(paths))
+    got = fetch(never_slow(FileReader(64, read=hook)), paths, timeout=120.0)
+    assert got == contents(paths)
+    assert not hook.broken
+    assert sorted(map(sorted, hook.files_per_thread().values())) == [[p] for p in sorted(paths)]
+
+
+def test_reads_past_the_timeout_fail_on_their_own_samples(files: list[str]) -> None:
+    """Reads that hang until the test releases them: each becomes a LoaderTimeoutError
+    naming its own file; the abandoned reads end once released, before the reader closes."""
+    paths = files[:3]
+    release = threading.Event()
+    reader = FileReader(64, read=Recording(hold=release))
+
+    async def go() -> list[Any]:
+        return await reader.fetch_many(list(enumerate(paths)), None, 0.05)
+
+    try:
+        got = asyncio.run(go())
+    finally:
+        release.set()
+        reader.close()
     assert all(isinstance(g, LoaderTimeoutError) for g in got)
-    time.sleep(0.4)  # let the abandoned reads finish before the leak check
+    assert [(g.index, g.path) for g in got] == list(enumerate(paths))
 
 
 def test_pace_turns_slow_and_back() -> None:
