@@ -76,6 +76,21 @@ class SlowDecode:
         return decode_number(data)
 
 
+class FakeClock:
+    """A clock that moves only when the test moves it: the ``clock=`` of a stage meter, the
+    counters or the tuner in a pure test. Steps that are binary fractions (0.25, 1/64) keep
+    every sum exact, so figures compare with ``==``."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def random_draw(data: bytes) -> np.ndarray:
     """The number and one draw of aioloader.sample_rng() (seeded by seed, epoch, index)."""
     import aioloader
