@@ -179,7 +179,15 @@ def http_files(_file_server: str) -> Iterator[str]:
     faults unless the test sets them with ``servers.control``)."""
     from servers import control
 
-    reset = {"latency_ms": 0, "fail_first": 0, "fail_share": 1.0, "reset_every": 0, "fail_status": 503}
+    reset = {
+        "latency_ms": 0,
+        "fail_first": 0,
+        "fail_share": 1.0,
+        "reset_every": 0,
+        "fail_status": 503,
+        "hold_until": 0,
+        "hold_s": 30.0,
+    }
     control(_file_server, **reset)
     yield _file_server
     control(_file_server, **reset)

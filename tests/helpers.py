@@ -76,6 +76,49 @@ class SlowDecode:
         return decode_number(data)
 
 
+class ReadAfterTicks:
+    """Read numbered files only once the test's event loop has ticked: a ticker there
+    appends a byte to ``ticks`` per tick, and the test appends a line to ``arrivals`` (the
+    ticks so far) when it starts to wait for the first batch and as each batch arrives.
+    The file numbered ``i``, of batch ``b = i // batch_size``, is returned once ``ticks``
+    holds ``k`` ticks past line ``b``: a loader that blocked the test's loop while it waited
+    for a batch would never see them. Reads run on threads of their own, so one held back
+    holds back no other batch. After ``guard`` seconds it raises instead (a hang guard)."""
+
+    def __init__(self, ticks: str, arrivals: str, batch_size: int, k: int, guard: float = 30.0) -> None:
+        self.ticks, self.arrivals = ticks, arrivals
+        self.batch_size, self.k, self.guard = batch_size, k, guard
+
+    def __call__(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            data = f.read()
+        b = int(decode_number(data)[0]) // self.batch_size
+        deadline = time.monotonic() + self.guard
+        while True:
+            with open(self.arrivals) as f:
+                lines = f.read().split("\n")[:-1]  # whole lines only
+            if len(lines) > b and os.path.getsize(self.ticks) >= int(lines[b]) + self.k:
+                return data
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{path}: the test's loop did not tick {self.k} times")
+            time.sleep(0.002)
+
+
+class FakeClock:
+    """A clock that moves only when the test moves it: the ``clock=`` of a stage meter, the
+    counters or the tuner in a pure test. Steps that are binary fractions (0.25, 1/64) keep
+    every sum exact, so figures compare with ``==``."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def random_draw(data: bytes) -> np.ndarray:
     """The number and one draw of aioloader.sample_rng() (seeded by seed, epoch, index)."""
     import aioloader

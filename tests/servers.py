@@ -17,8 +17,12 @@ backend before serving, a hundred thousand in seconds where uploads would take m
 each response), ``fail_first`` (the first N requests of each path answer 503; with
 ``fail_share`` below 1, only that share of the paths, chosen by a hash of the path),
 ``reset_every`` (every K-th response is cut short: headers announce the full length, the
-connection drops halfway through the body) and ``fail_status`` (the status of those
-failures, default 503). ``GET /_stats`` returns the request count.
+connection drops halfway through the body), ``fail_status`` (the status of those
+failures, default 503) and ``hold_until`` (requests are held, before their latency, until
+that many are in flight at once; then every request goes through, until the next
+``_control``; a hang guard lets them all go after ``hold_s``, default 30). ``GET /_stats``
+(:func:`server_stats`) returns the request count and the most requests in flight at once
+since the last ``_control``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ __all__ = [
     "control",
     "free_port",
     "s3_client",
+    "server_stats",
     "start_file_server",
     "start_moto",
     "start_proxy",
@@ -158,6 +163,16 @@ def control(url: str, **settings: float) -> None:
         pass
 
 
+def server_stats(url: str) -> dict[str, int]:
+    """The file server at ``url``'s ``requests`` (since it started) and ``max_in_flight``
+    (the most requests it held at once since the last :func:`control`)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/_stats", timeout=10) as resp:
+        return dict(json.loads(resp.read()))
+
+
 def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  # pragma: no cover
     """The file server (``root``) or the proxy (``upstream``); runs in the server process."""
     import asyncio
@@ -179,20 +194,49 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
     )
     session: list[aiohttp.ClientSession] = []
 
-    control = {"latency_ms": 0.0, "fail_first": 0, "fail_share": 1.0, "reset_every": 0, "fail_status": 503}
+    control = {
+        "latency_ms": 0.0,
+        "fail_first": 0,
+        "fail_share": 1.0,
+        "reset_every": 0,
+        "fail_status": 503,
+        "hold_until": 0,
+        "hold_s": 30.0,
+    }
     seen: Counter[str] = Counter()
     total = [0]
+    flight = {"now": 0, "max": 0}
+    released = [asyncio.Event()]  # set once hold_until requests were in flight together
 
     async def set_control(request: web.Request) -> web.Response:
         control.update(await request.json())
         seen.clear()
+        flight["max"] = flight["now"]
+        released[0] = asyncio.Event()
         return web.json_response(control)
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"requests": total[0]})
+        return web.json_response({"requests": total[0], "max_in_flight": flight["max"]})
 
     async def serve_file(request: web.Request) -> web.StreamResponse:
         total[0] += 1
+        flight["now"] += 1
+        flight["max"] = max(flight["max"], flight["now"])
+        try:
+            return await answer(request)
+        finally:
+            flight["now"] -= 1
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        hold, release = int(control["hold_until"]), released[0]
+        if hold and not release.is_set():
+            if flight["now"] >= hold:
+                release.set()
+            else:
+                try:
+                    await asyncio.wait_for(release.wait(), float(control["hold_s"]))
+                except asyncio.TimeoutError:
+                    release.set()  # the guard: all of them go, the test sees too few in flight
         rel = request.match_info["path"]
         if control["latency_ms"]:
             await asyncio.sleep(float(control["latency_ms"]) / 1e3)
@@ -233,7 +277,8 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
     app.router.add_post("/_control", set_control)
     app.router.add_get("/_stats", stats)
     app.router.add_get("/{path:.*}", serve_file)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    # A backlog for thousands of connections opened at once (the default 128 drops SYNs).
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)
 
 
 def _moto_filled(port: int, bucket: str, count: int, classes: int) -> None:  # pragma: no cover

@@ -1,13 +1,17 @@
 """The autotuner's decisions, pure (:mod:`aioloader.tune.rules`): reads in flight by Little's
-law, bounded and judged by what growth bought; decoders leaving the trainer's CPUs."""
+law, bounded and judged by what growth bought; decoders leaving the trainer's CPUs; and the
+tuner (:mod:`aioloader.tune.tuner`) driven tick by tick on a fake wall clock and CPU clock."""
 
 from __future__ import annotations
 
 import os
-import time
+from types import SimpleNamespace
 
 import pytest
+from helpers import FakeClock
 
+import aioloader.tune.tuner as tuner_module
+from aioloader.observe.stages import StageMeter
 from aioloader.tune.rules import (
     HOLD_TICKS,
     MIN_READS,
@@ -17,7 +21,7 @@ from aioloader.tune.rules import (
     memory_cap,
     process_cpu_seconds,
 )
-from aioloader.tune.tuner import io_floor, memory_budget, trainer_pids
+from aioloader.tune.tuner import TICK, Tuner, io_floor, memory_budget, trainer_pids
 
 
 def reads_bound(limit: int, latency: float, seconds: float = 0.5, decode_busy: float = 0.25) -> IoWindow:
@@ -124,13 +128,109 @@ def test_the_floor_covers_every_decode_slot() -> None:
 
 
 def test_cpu_clock_of_a_process() -> None:
-    before = process_cpu_seconds(os.getpid())
-    assert before is not None
-    end = time.process_time() + 0.2
-    while time.process_time() < end:
+    """/proc's CPU clock of this process reads between two readings of the kernel's
+    ``times()`` (the same user and system ticks), compared in whole ticks."""
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def times() -> int:
+        t = os.times()
+        return round((t.user + t.system) * ticks)
+
+    start = times()
+    while times() < start + 2:  # spin until the clock has moved: the bracket is not all zeros
         pass
-    after = process_cpu_seconds(os.getpid())
-    assert after is not None and after - before >= 0.1
+    before = times()
+    got = process_cpu_seconds(os.getpid())
+    after = times()
+    assert got is not None and before <= round(got * ticks) <= after
     assert process_cpu_seconds(2**22 + 12345) is None  # above pid_max: no such process
     assert trainer_pids(None) == [os.getpid()]
     assert trainer_pids(1) == [os.getpid(), 1]
+
+
+class FakeReader:
+    """What the tuner moves on a :class:`~aioloader.read.reader.FileReader`."""
+
+    def __init__(self, io_concurrency: int, max_io: int) -> None:
+        self.io_concurrency, self.max_io = io_concurrency, max_io
+        self.limits: list[int] = []
+
+    def set_limit(self, limit: int) -> None:
+        self.io_concurrency = limit
+        self.limits.append(limit)
+
+
+class FakeDecoder:
+    """What the tuner moves on a :class:`~aioloader.decode.stage.DecodeStage`."""
+
+    def __init__(self, active: int) -> None:
+        self.active = active
+
+    def set_workers(self, active: int) -> None:
+        self.active = active
+
+
+def test_the_tuner_judges_each_tick_on_its_clocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuner driven tick by tick on a fake wall clock and a fake CPU clock: the windows
+    it hands the rules, a tick with too few reads widening the next, and the trainer's CPU
+    use read every CPU_TICKS ticks."""
+    monkeypatch.setattr(tuner_module, "usable_cpus", lambda: 4)
+    clock = FakeClock()
+    cpu = {7: 10.0}  # the trainer's CPU seconds
+    meters = {
+        "read": StageMeter("read", bound=64, clock=clock),
+        "decode": StageMeter("decode", bound=8, capacity=4, clock=clock),
+    }
+    reader, decoder = FakeReader(64, max_io=1024), FakeDecoder(4)
+    config = SimpleNamespace(io_auto=True, workers_auto=True, batch_size=16, num_workers=4)
+    tuner = Tuner(
+        config,  # type: ignore[arg-type]
+        reader,  # type: ignore[arg-type]
+        decoder,  # type: ignore[arg-type]
+        meters,
+        chunk=4,
+        bytes_per_sample=lambda: 1024,
+        memory_budget=1 << 30,
+        trainer_pids=[7],
+        clock=clock,
+        cpu_seconds=cpu.get,
+    )
+    assert tuner.io is not None and reader.limits == [64]
+    windows: list[IoWindow] = []
+    update = tuner.io.update
+
+    def recorded(w: IoWindow) -> int:
+        windows.append(w)
+        return update(w)
+
+    monkeypatch.setattr(tuner.io, "update", recorded)
+
+    def tick(reads: int = 0, slots: int = 1, decoded: int = 0, cpu_seconds: float = 0.0) -> None:
+        """Half a second: ``reads`` reads holding ``slots`` slots throughout, ``decoded``
+        samples with one chunk in flight throughout; then the tuner's tick."""
+        read = meters["read"].enter(slots) if reads else None
+        chunk = meters["decode"].enter() if decoded else None
+        clock.advance(TICK)
+        if read is not None:
+            meters["read"].leave(read, slots, per=reads)
+        if chunk is not None:
+            meters["decode"].leave(chunk, per=decoded)
+        cpu[7] += cpu_seconds
+        tuner.tick()
+
+    tuner.begin()
+    # Every slot held, 50 ms a read; one of four decoders busy: they could take 4x.
+    tick(reads=640, slots=64, decoded=640, cpu_seconds=0.5)
+    assert windows == [IoWindow(0.5, 640, 32.0, 640, 0.5, workers=4)]
+    assert reader.limits == [64, 256]  # Little's law wants 512: at most 4x a tick
+    tick(reads=20, cpu_seconds=0.5)  # too few reads to judge: the window widens
+    assert len(windows) == 1
+    tick(reads=20, cpu_seconds=0.5)
+    assert windows[1] == IoWindow(1.0, 40, 1.0, 0, 0.0, workers=4)
+    assert reader.limits == [64, 256, 128]  # far over what 40 reads/s need: halved
+    tick(cpu_seconds=0.5)  # tick 4: the trainer used 2 CPU seconds in 2 s, one CPU
+    assert decoder.active == 4  # one tick says 3: not yet
+    for _ in range(4):
+        tick(cpu_seconds=0.5)
+    assert decoder.active == 3  # tick 8 agrees: one CPU left to the trainer
+    assert len(windows) == 2  # no reads since tick 3

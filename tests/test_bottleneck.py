@@ -61,10 +61,11 @@ def test_the_bottleneck_names_the_slow_stage(
     assert verdict is not None, stats
     assert verdict.stage == expected, (str(verdict), stats.stages)
     assert str(verdict).startswith(f"{expected}: ") and verdict.advice
-    if expected == "trainer":
-        assert stats.recent_wait_share < 0.10
-    else:
-        assert stats.recent_wait_share > 0.10
+    # the share the stats report is the one the verdict judged (its thresholds: test_stages.py)
+    assert stats.recent_wait_share is not None
+    assert f"waited for data {stats.recent_wait_share:.0%} " in verdict.advice or (
+        f"trainer waited {stats.recent_wait_share:.0%} " in verdict.advice
+    )
 
 
 def test_stages_report_items_bounds_and_latencies(numbered: list[str], process: bool) -> None:
@@ -78,7 +79,7 @@ def test_stages_report_items_bounds_and_latencies(numbered: list[str], process: 
     assert read.items == decode.items == len(numbered)  # samples
     assert stages["collate"].items == stages["transfer"].items == 19  # one per batch of 2
     assert decode.p50_ms is not None and decode.p99_ms is not None
-    assert 10 <= decode.p50_ms <= decode.p99_ms  # per sample: the 10 ms sleep, and more
+    assert decode.p50_ms <= decode.p99_ms  # per sample (exact figures: test_stages.py)
     assert read.mean_in_flight <= 8 and decode.mean_in_flight <= 4  # within their bounds
     assert all(s.in_flight == 0 for s in stages.values())  # the epoch is over
     assert 0 < decode.busy_share <= 1 and decode.busy_seconds > 0

@@ -242,22 +242,21 @@ def test_a_file_that_always_crashes_its_worker_fails_alone(numbered: list[str]) 
 
 
 def test_crashes_past_max_worker_restarts(numbered: list[str]) -> None:
-    with Loader(
-        numbered,
-        batch_size=4,
-        shuffle=False,
-        decode=Fault("kill", {5, 13, 21}),
-        max_worker_restarts=1,
-        num_workers=1,
-    ) as loader:
-        start = time.monotonic()
-        with pytest.raises(WorkerCrashedError) as info:
-            list(loader)
-        elapsed = time.monotonic() - start
+    with (
+        Loader(
+            numbered,
+            batch_size=4,
+            shuffle=False,
+            decode=Fault("kill", {5, 13, 21}),
+            max_worker_restarts=1,
+            num_workers=1,
+        ) as loader,
+        pytest.raises(WorkerCrashedError) as info,
+    ):
+        list(loader)  # a loader that went on restarting would hang: the global timeout ends it
     message = str(info.value)
     assert "SIGKILL" in message and "pid " in message and "max_worker_restarts=1" in message
     assert "f00005.txt" in message or "f00013.txt" in message
-    assert elapsed < 30  # a hang detector, not a speed claim
 
 
 def test_hung_decode_times_out_and_the_rest_continues(numbered: list[str]) -> None:
@@ -315,10 +314,10 @@ if __name__ == "__main__":
     # some CI runners) with SIGINT ignored, children inherit that, and Python then installs
     # no handler: the Ctrl-C below would do nothing and the test would wait for nothing.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    hang = Fault("hang", set(range(3, 100)), seconds=60)
+    hang = Fault("hang", set(range(3, 100)), seconds=3600)
     # All 37 reads run at once and finish in any order; decode slots still go to samples
     # 0-2 first (aioloader/slots.py), else 3-6 could take both workers and the first batch
-    # would wait for a 60 s hang (seen before the slots were ordered: a 67 s run).
+    # would wait for a hang (seen before the slots were ordered, with 60 s hangs: a 67 s run).
     with aioloader.Loader({paths!r}, batch_size=1, shuffle=False, decode=hang, num_workers=2) as loader:
         for batch in loader:
             print("batch", flush=True)
@@ -337,15 +336,13 @@ def test_ctrl_c_while_iterating(numbered: list[str], tmp_path: Path) -> None:
             assert proc.stdout.readline().strip() == "batch"
         time.sleep(0.3)  # now blocked waiting for a batch that never comes
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole process group
-        start = time.monotonic()
+        # The hangs never end: a close that waited for them would run into this hang guard.
         _, err = proc.communicate(timeout=30)
-        elapsed = time.monotonic() - start
     finally:
         if proc.poll() is None:
             kill_session(proc)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert err.count("Traceback") == 1, err  # the main one: no stray tracebacks from workers
-    assert elapsed < 20  # a hang detector; the close itself is bounded by its grace periods
     assert session_survivors(proc.pid) == []
     assert shm_segments(proc.pid) == set()
 

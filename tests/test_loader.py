@@ -7,8 +7,10 @@ front-end can show is a single test at the end."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from frontends import Driver
-from helpers import FailOn, SlowDecode, decode_number, flatten, random_draw
+from helpers import FailOn, ReadAfterTicks, SlowDecode, decode_number, flatten, random_draw
 
 import aioloader
 from aioloader import DecodeError, FileDataset, Loader, LoaderClosedError, LoaderError, ReadError
@@ -310,26 +312,78 @@ def test_lazy_start_without_with(frontend: Driver, numbered: list[str]) -> None:
 
 
 @pytest.mark.asyncio
-async def test_async_for_never_blocks_the_callers_loop(numbered: list[str]) -> None:
-    """A ticker on the caller's loop keeps ticking while batches are slow to come: waiting
-    for data, starting and closing all happen off the caller's loop."""
-    lags: list[float] = []
+async def test_async_for_never_blocks_the_callers_loop(
+    numbered: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ticker on the caller's loop keeps ticking while the loader starts, while it waits
+    for each batch and while it closes: each of them waits for ticks (the reads of a batch
+    for ticks after the one before it came, through files, ``helpers.ReadAfterTicks``;
+    ``start`` and ``close`` on their thread), so a front-end that blocked the loop would
+    never finish. Counted in ticks, not seconds."""
+    k = 5
+    ticks_file, arrivals_file = tmp_path / "ticks", tmp_path / "arrivals"
+    ticks_file.touch()
+    arrivals_file.touch()
+    ticks = [0]
     stop = asyncio.Event()
+    loop_thread = threading.get_ident()
 
     async def ticker() -> None:
-        while not stop.is_set():
-            t = time.perf_counter()
-            await asyncio.sleep(0.005)
-            lags.append(time.perf_counter() - t - 0.005)
+        with open(ticks_file, "ab", buffering=0) as f:
+            while not stop.is_set():
+                await asyncio.sleep(0.001)
+                f.write(b".")
+                ticks[0] += 1
 
+    held: list[tuple[str, int, int]] = []  # (call, ticks when it began, ticks when it let go)
+
+    def held_for_ticks(name: str) -> None:
+        original = getattr(Loader, name)
+
+        def held_open(self: Loader) -> object:
+            assert threading.get_ident() != loop_thread, f"{name}() ran on the caller's loop"
+            began = ticks[0]
+            result = original(self)
+            for _ in range(30_000):  # a hang guard: the loop must tick k times meanwhile
+                if ticks[0] >= began + k:
+                    break
+                time.sleep(0.001)
+            held.append((name, began, ticks[0]))
+            return result
+
+        monkeypatch.setattr(Loader, name, held_open)
+
+    held_for_ticks("start")
+    held_for_ticks("close")
+    read = ReadAfterTicks(str(ticks_file), str(arrivals_file), batch_size=3, k=k)
     tick = asyncio.create_task(ticker())
-    # Each batch takes ~0.6 s to decode: a blocking front-end would stall the ticker that long.
-    async with Loader(
-        numbered[:6], shuffle=False, batch_size=3, decode=SlowDecode(0.3), num_workers=1
-    ) as loader:
-        batches = [b async for b in loader]
+    arrived: list[int] = []  # the ticks when the caller began to wait, then as each batch came
+
+    def arrival() -> None:
+        arrived.append(ticks[0])
+        with open(arrivals_file, "a") as f:
+            f.write(f"{ticks[0]}\n")
+
+    batches = []
+    loader = Loader(
+        numbered[:6],
+        shuffle=False,
+        batch_size=3,
+        decode=decode_number,
+        read=read,
+        num_workers=1,
+        io_concurrency=8,
+    )
+    async with loader:
+        arrival()
+        async for batch in loader:
+            arrival()
+            batches.append(batch)
     stop.set()
     await tick
-    assert len(batches) == 2
-    assert len(lags) > 50  # it kept ticking the whole time
-    assert max(lags) < 0.25, f"the caller's loop stalled for {max(lags):.3f} s"
+    assert flatten(batches) == list(range(6))
+    # The loop ticked while the caller waited for each batch.
+    assert len(arrived) == 3 and all(b >= a + k for a, b in itertools.pairwise(arrived)), arrived
+    # start() and close() ran off the loop, which ticked while each of them was held open.
+    assert [name for name, _, _ in held] == ["start", "close"]
+    assert all(let_go >= began + k for _, began, let_go in held), held

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from helpers import decode_number
-from servers import control, s3_client
+from servers import control, s3_client, server_stats
 
 from aioloader import FileDataset, Loader, LoaderError, LoaderTimeoutError, ReadError
 from aioloader.read.backends import choose, obstore_kwargs, resolve, tokio_started
@@ -141,16 +141,22 @@ def test_credentials_are_never_shown(moto_s3: dict[str, object], numbered: list[
 
 
 def test_thousands_of_reads_in_flight_cost_no_threads(http_files: str, numbered: list[str]) -> None:
-    """Every response waits 300 ms: all 37 reads must be in flight at once (one batch
-    in about one latency), with no I/O thread started for them."""
-    control(http_files, latency_ms=300)
-    urls = [f"{http_files}/{os.path.basename(p)}" for p in numbered]
-    with Loader(urls, batch_size=37, decode=decode_number, num_workers=1, io_concurrency=64) as loader:
-        assert sorted(v for b in values(list(loader)) for v in b) == list(range(len(numbered)))
+    """2,048 reads of the file server, all in flight at once: the server holds every request
+    until 2,048 are open together (a loader that read fewer at a time would get no answer
+    before the server's hang guard), and no I/O thread is started for them."""
+    n = 2048
+    control(http_files, hold_until=n)
+    before = server_stats(http_files)["requests"]
+    names = [os.path.basename(p) for p in numbered]
+    urls = [f"{http_files}/{names[i % len(names)]}" for i in range(n)]
+    with Loader(
+        urls, batch_size=64, shuffle=False, decode=decode_number, num_workers=1, io_concurrency=n
+    ) as loader:
+        got = [v for b in values(list(loader)) for v in b]
         io_threads = [t.name for t in threading.enumerate() if t.name.startswith("aioloader-io")]
-        waited = loader.stats.epoch_seconds
+    assert got == [i % len(names) for i in range(n)]
     assert io_threads == []
-    assert waited < 37 * 0.3 / 4  # far from one read at a time (a bound, not a timing claim)
+    assert server_stats(http_files) == {"requests": before + n, "max_in_flight": n}  # one request a read
 
 
 def test_from_folder_on_a_bucket_matches_the_local_folder(

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import pytest
+from helpers import FakeClock
 
 from aioloader import Bottleneck, StageStats
 from aioloader.observe.bottleneck import WAIT_SHARE, diagnose
-from aioloader.observe.stages import StageMeter, between, utilization
-from aioloader.observe.stats import Counters
+from aioloader.observe.stages import PERCENTILE_EVERY, StageMeter, between, utilization
+from aioloader.observe.stats import WINDOW, Counters
 
 
 def stage(name: str, mean: float, capacity: int = 1, busy: float = 0.5, p50: float = 2.0) -> StageStats:
@@ -32,35 +32,56 @@ def stage(name: str, mean: float, capacity: int = 1, busy: float = 0.5, p50: flo
 
 
 def test_a_meter_integrates_items_in_flight_over_time() -> None:
-    meter = StageMeter("read", bound=8)
+    clock = FakeClock()
+    meter = StageMeter("read", bound=8, clock=clock)
+    clock.advance(1.0)  # before the window
     before = meter.snapshot()
     first = meter.enter(4)
-    time.sleep(0.2)
+    assert first == 101.0  # the clock's reading, for leave()
+    clock.advance(0.25)
     second = meter.enter(4)  # 8 in flight
-    time.sleep(0.2)
-    meter.leave(first, 4)
-    meter.leave(second, 4)
-    time.sleep(0.2)  # idle
+    clock.advance(0.25)
+    meter.leave(first, 4)  # in the stage 0.5 s
+    meter.leave(second, 4)  # 0.25 s
+    clock.advance(0.5)  # idle
     window = between(before, meter.snapshot())
-    assert window.items == 8 and window.in_flight == 0
-    # 4 items for 0.2 s, 8 for 0.2 s, none for 0.2 s: 2.4 item-seconds over ~0.6 s
-    assert window.area_seconds == pytest.approx(2.4, rel=0.25)
-    assert window.busy_seconds == pytest.approx(0.4, rel=0.25)
-    assert window.mean_in_flight == pytest.approx(4.0, rel=0.3)
-    assert utilization(window) == pytest.approx(0.5, rel=0.3)
-    assert window.p50_ms is not None and window.p99_ms is not None
-    assert 180 < window.p50_ms <= window.p99_ms < 1000
+    assert (window.items, window.in_flight, window.bound, window.capacity) == (8, 0, 8, 8)
+    # 4 items for 0.25 s, 8 for 0.25 s, none for 0.5 s: 3 item-seconds over 1 s
+    assert window.elapsed_seconds == 1.0
+    assert window.area_seconds == 3.0
+    assert window.busy_seconds == 0.5 and window.busy_share == 0.5
+    assert window.mean_in_flight == 3.0
+    assert utilization(window) == 3.0 / 8
+    assert (window.p50_ms, window.p99_ms) == (250.0, 500.0)  # one latency per leave()
+    assert str(window) == "read: 8 items, busy 50%, 3.0 of 8 in flight on average, p50 250.0 ms, p99 500.0 ms"
 
 
 def test_percentiles_come_from_recorded_latencies_divided_per_sample() -> None:
-    meter = StageMeter("decode", bound=4, capacity=2)
-    for ms in range(1, 101):  # chunks of 4 samples that took 4..400 ms: 1..100 ms a sample
+    clock = FakeClock()
+    meter = StageMeter("decode", bound=4, capacity=2, clock=clock)
+    for k in range(1, 101):  # chunks of 4 samples that took k/64 s: k/256 s a sample
         entered = meter.enter()
-        meter.leave(entered - ms * 4 / 1e3, per=4)  # as if it had entered ms * 4 ms earlier
+        clock.advance(k / 64)
+        meter.leave(entered, per=4)
     snap = meter.snapshot()
-    assert snap.p50_ms == pytest.approx(50, abs=1.5) and snap.p99_ms == pytest.approx(99, abs=1.5)
+    assert (snap.p50_ms, snap.p99_ms) == (50 / 256 * 1e3, 99 / 256 * 1e3) == (195.3125, 386.71875)
     assert snap.items == 400 and snap.capacity == 2 and snap.bound == 4  # samples
-    assert str(snap).startswith("decode: 400 items")
+    assert snap.busy_seconds == snap.area_seconds == snap.elapsed_seconds == 5050 / 64  # always one chunk
+    assert str(snap).startswith("decode: 400 items, busy 100%, 1.0 of 4 in flight")
+
+
+def test_percentiles_are_sorted_again_at_most_every_quarter_second() -> None:
+    clock = FakeClock()
+    meter = StageMeter("collate", clock=clock)
+    meter.leave(meter.enter() - 0.5)  # a batch that took 0.5 s
+    assert meter.snapshot().p50_ms == 500.0
+    meter.leave(meter.enter() - 0.25)
+    meter.leave(meter.enter() - 0.25)
+    clock.advance(PERCENTILE_EVERY / 2)
+    assert meter.snapshot().p50_ms == 500.0  # sorted 0.125 s ago: reused
+    assert meter.snapshot(percentiles=False).p50_ms is None  # a per-batch mark sorts nothing
+    clock.advance(PERCENTILE_EVERY / 2)
+    assert meter.snapshot().p50_ms == 250.0  # 0.25 s later: sorted again
 
 
 def test_a_meter_counts_calls_from_many_threads() -> None:
@@ -130,14 +151,47 @@ def test_slow_storage_with_free_read_slots_says_so_and_remote_advice_names_the_o
 def test_an_epoch_shorter_than_the_window_is_judged_at_its_end_when_long_enough(
     batches: int, warnings: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A trainer that waited 3 of every 4 ms: an epoch of 30 batches ends with one warning;
+    """A trainer that waited 3 of every 4 s: an epoch of 30 batches ends with one warning;
     one of 10 says nothing (its window would mostly be the pipeline filling up)."""
-    counters = Counters(io_concurrency=8, num_workers=2)
+    clock = FakeClock()
+    counters = Counters(io_concurrency=8, num_workers=2, clock=clock)
     counters.begin_epoch(0)
     with caplog.at_level(logging.WARNING, logger="aioloader"):
         for _ in range(batches):
-            time.sleep(0.004)
-            counters.delivered(4, waited=0.003)
+            clock.advance(4.0)
+            counters.delivered(4, waited=3.0)
         counters.end_epoch()
     said = [r.getMessage() for r in caplog.records if "the trainer waited for data" in r.getMessage()]
-    assert len(said) == warnings, said
+    prefix = f"the trainer waited for data 75% of the time over the last {WINDOW} batches; bottleneck: "
+    assert len(said) == warnings and all(m.startswith(prefix) for m in said), said
+
+
+def test_the_verdict_looks_back_over_the_last_window_of_batches() -> None:
+    """The trainer's wait share and the stages over the last :data:`WINDOW` batches, on one
+    clock: what came before the window is left out."""
+    clock = FakeClock()
+    counters = Counters(io_concurrency=8, num_workers=2, clock=clock)
+    counters.begin_epoch(0)
+    for _ in range(30):  # waited 3 of every 4 s, nothing decoding
+        clock.advance(4.0)
+        counters.delivered(4, waited=3.0)
+    decode = counters.meters["decode"]
+    chunks = decode.enter(2)  # from now on both workers decode all the time
+    for _ in range(WINDOW):  # a batch a second, half of it waited for
+        clock.advance(1.0)
+        counters.delivered(4, waited=0.5)
+    stats = counters.snapshot()
+    assert (stats.epoch_batches, stats.epoch_samples) == (30 + WINDOW, 4 * (30 + WINDOW))
+    assert stats.epoch_seconds == 120.0 + WINDOW and stats.first_batch_seconds == 4.0
+    assert stats.epoch_wait_seconds == stats.wait_seconds == 90.0 + WINDOW * 0.5
+    assert stats.recent_wait_share == 0.5  # the last WINDOW batches only
+    window = counters.bottleneck()
+    assert window is not None
+    verdict, share = window
+    assert share == 0.5 and verdict == stats.bottleneck
+    assert verdict.stage == "decode"  # 2 of 2 workers busy over the window: utilization 1
+    assert verdict.advice.startswith("2.0 decode chunks in flight for 2 workers")
+    assert "trainer waited 50%" in verdict.advice
+    decode.leave(chunks, 2)
+    counters.begin_epoch(1)  # a new epoch opens a new window
+    assert counters.bottleneck() is None and counters.snapshot().recent_wait_share is None

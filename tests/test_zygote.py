@@ -16,8 +16,7 @@ from aioloader import Loader
 from aioloader.decode import zygote
 
 SCRIPT = """
-import os, sys, time
-t0 = time.perf_counter()
+import os, sys
 import numpy as np
 import torch  # what a training script imports: the workers must not import it again
 import aioloader
@@ -28,10 +27,8 @@ def decode(data):  # defined in __main__, as most users' functions are
 if __name__ == "__main__":
     paths = {paths!r}
     with aioloader.Loader(paths, batch_size=4, decode=decode, num_workers=2, shuffle=False) as loader:
-        start = time.perf_counter()
         it = iter(loader)
         first = next(it)
-        print("first_ms", round((time.perf_counter() - start) * 1000), flush=True)
         rest = [int(v) for b in [first, *it] for v in b[:, 0, 0]]
         assert rest == list(range(len(paths))), rest
         zpid = str(aioloader.decode.zygote.pid())
@@ -54,17 +51,17 @@ def test_workers_come_from_the_zygote(numbered: list[str]) -> None:
     assert len(workers) == 2 and parents == {zygote.pid()}
 
 
-def test_a_script_that_imports_torch_starts_fast_and_leaves_nothing(
+def test_a_script_that_imports_torch_decodes_in_workers_of_the_zygote_and_leaves_nothing(
     numbered: list[str], tmp_path: Path
 ) -> None:
+    """How fast its first batch comes is measured by benchmarks/throughput.py (first batch,
+    start-up included), not here: tests do not time."""
     proc = start_script(tmp_path / "train.py", SCRIPT.format(paths=numbered))
     out, err = finish_script(proc)
     assert proc.returncode == 0, err
     lines = dict(line.split(" ", 1) for line in out.splitlines())
     zygote_pid = int(lines["zygote"])
     assert zygote_pid and len(lines["pids"].split()) == 2  # both workers are its children
-    # No timing assertion (tests never assert on time); the figure is for the reader.
-    print("first batch of a torch-importing script:", lines["first_ms"], "ms")
     assert session_survivors(proc.pid) == []
 
 

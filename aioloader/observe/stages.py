@@ -2,7 +2,8 @@
 many items it holds against its bound, and how long one item takes.
 
 A :class:`StageMeter` is told when items enter and leave its stage (:meth:`~StageMeter.enter`,
-:meth:`~StageMeter.leave`). From that it keeps, in seconds of ``time.perf_counter``:
+:meth:`~StageMeter.leave`). From that it keeps, in seconds of its ``clock`` (``time.perf_counter``
+unless one is passed in: a test advances a fake one by hand):
 
 - ``busy``: the time with at least one item in the stage;
 - the time integral of the items in it, so ``mean_in_flight = area / elapsed``;
@@ -19,6 +20,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -87,14 +89,25 @@ def utilization(stage: StageStats) -> float:
 
 
 class StageMeter:
-    """The counters of one stage (see the module docstring); any thread may call it."""
+    """The counters of one stage (see the module docstring); any thread may call it.
 
-    def __init__(self, name: str, bound: int = 1, capacity: int | None = None) -> None:
+    ``clock`` is read for every time the meter keeps (seconds, increasing): the times
+    :meth:`enter` returns and :meth:`leave` takes are its readings."""
+
+    def __init__(
+        self,
+        name: str,
+        bound: int = 1,
+        capacity: int | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.name = name
         self.bound = bound
         self.capacity = capacity if capacity is not None else bound
+        self.clock = clock
         self._lock = threading.Lock()
-        self._start = time.perf_counter()
+        self._start = clock()
         self._last = self._start  # when the in-flight count last changed
         self._n = 0
         self._area = 0.0
@@ -104,7 +117,7 @@ class StageMeter:
         #: p50, p99 and when they were sorted out: at most every PERCENTILE_EVERY seconds,
         #: as a loader process snapshots its stages with every batch it sends.
         self._pct: tuple[float | None, float | None] = (None, None)
-        self._pct_at = -PERCENTILE_EVERY
+        self._pct_at = -math.inf
         #: Set by ``aioloader bench --trace``: told of every item that leaves.
         self.tracer: Tracer | None = None
 
@@ -117,7 +130,7 @@ class StageMeter:
 
     def enter(self, n: int = 1) -> float:
         """``n`` items enter; returns the time, for :meth:`leave`."""
-        now = time.perf_counter()
+        now = self.clock()
         with self._lock:
             self._advance(now)
             self._n += n
@@ -127,7 +140,7 @@ class StageMeter:
         """``n`` items that entered at ``entered`` leave, having carried ``per`` samples
         (a decode chunk: one item in flight, several samples done one after another in one
         worker). One latency is recorded: the time in the stage divided by ``per``."""
-        now = time.perf_counter()
+        now = self.clock()
         took = now - entered
         with self._lock:
             self._advance(now)
@@ -139,7 +152,7 @@ class StageMeter:
 
     def snapshot(self, percentiles: bool = True) -> StageStats:
         """The figures so far; without ``percentiles`` (no sort), for a per-batch mark."""
-        now = time.perf_counter()
+        now = self.clock()
         with self._lock:
             self._advance(now)
             if percentiles and now - self._pct_at >= PERCENTILE_EVERY:

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -71,18 +72,29 @@ class LoaderStats:
 
 class Counters:
     """Mutable counters. Each field has one writer (the loop thread or the consumer), and a
-    lock makes snapshots consistent."""
+    lock makes snapshots consistent.
 
-    def __init__(self, io_concurrency: int = 1, num_workers: int = 1, remote: bool = False) -> None:
+    ``clock`` (``time.perf_counter`` unless passed in) times the epochs and the batches of
+    the window, and is every meter's clock."""
+
+    def __init__(
+        self,
+        io_concurrency: int = 1,
+        num_workers: int = 1,
+        remote: bool = False,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self._lock = threading.Lock()
         self._remote = remote
+        self.clock = clock
         #: This process's stage meters (a loader process has read, decode and collate; the
         #: trainer's the transfer, and the others' figures by :meth:`absorb`).
         self.meters = {
-            "read": StageMeter("read", bound=io_concurrency),
-            "decode": StageMeter("decode", bound=2 * num_workers, capacity=num_workers),
-            "collate": StageMeter("collate"),
-            "transfer": StageMeter("transfer"),
+            "read": StageMeter("read", bound=io_concurrency, clock=clock),
+            "decode": StageMeter("decode", bound=2 * num_workers, capacity=num_workers, clock=clock),
+            "collate": StageMeter("collate", clock=clock),
+            "transfer": StageMeter("transfer", clock=clock),
         }
         self._absorbed: dict[str, StageStats] = {}
         #: Per delivered batch of this epoch: (time, seconds waited, stage figures then).
@@ -101,7 +113,7 @@ class Counters:
         self.epoch_samples = 0
         self.epoch_batches = 0
         self.epoch_wait = 0.0
-        self.epoch_start = time.perf_counter()
+        self.epoch_start = clock()
         self.epoch_end: float | None = None
         self.first_batch: float | None = None
         #: Bumped by :meth:`restore`: a loader process must take the restored failures over.
@@ -118,14 +130,14 @@ class Counters:
             self.epoch = epoch
             self.epoch_samples = self.epoch_batches = 0
             self.epoch_wait = 0.0
-            self.epoch_start = time.perf_counter()
+            self.epoch_start = self.clock()
             self.epoch_end = None
             self.first_batch = None
             self._recent.clear()
 
     def end_epoch(self) -> None:
         with self._lock:
-            self.epoch_end = time.perf_counter()
+            self.epoch_end = self.clock()
             # The batches after the last judged window are judged at the epoch's end, when
             # there are enough of them to say more than how long the pipeline took to fill.
             unjudged = self.epoch_batches % WINDOW >= MIN_JUDGED
@@ -142,7 +154,7 @@ class Counters:
             self.bytes_read += n
 
     def delivered(self, samples: int, waited: float) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         marks = self._stage_view(percentiles=False)
         with self._lock:
             if self.first_batch is None:
@@ -290,7 +302,7 @@ class Counters:
         stages = self._stage_view()
         found = self.bottleneck(stages)
         with self._lock:
-            end = self.epoch_end if self.epoch_end is not None else time.perf_counter()
+            end = self.epoch_end if self.epoch_end is not None else self.clock()
             return LoaderStats(
                 samples=self.samples,
                 batches=self.batches,

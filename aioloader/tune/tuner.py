@@ -65,7 +65,10 @@ class Tuner:
     ``bytes_per_sample()`` is what a sample in flight holds (its file and its decoded
     output); ``memory_budget`` bounds that times the reads in flight; ``trainer_pids`` are
     the processes whose CPU the decoders leave alone (the trainer's, and a loader
-    process's own); ``on_io(limit)`` is told each new read limit."""
+    process's own); ``on_io(limit)`` is told each new read limit. ``clock`` is the wall
+    clock a tick's window is measured on and ``cpu_seconds(pid)`` a process's CPU clock
+    (:func:`~aioloader.tune.rules.process_cpu_seconds`, None where unreadable): a test
+    passes fakes and drives :meth:`tick` itself."""
 
     def __init__(
         self,
@@ -79,7 +82,10 @@ class Tuner:
         memory_budget: int,
         trainer_pids: Sequence[int],
         on_io: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu_seconds: Callable[[int], float | None] = process_cpu_seconds,
     ) -> None:
+        self._clock, self._cpu_seconds = clock, cpu_seconds
         self._reader, self._decoder = reader, decoder
         self._read, self._decode = meters["read"], meters["decode"]
         self._batch_size = config.batch_size
@@ -99,25 +105,34 @@ class Tuner:
 
     async def run(self) -> None:
         """Tune until cancelled (at the end of the epoch's production)."""
-        mark = self._marks()
-        cpu_mark = self._cpu()
-        ticks = 0
+        self.begin()
         while True:
             await asyncio.sleep(TICK)
-            ticks += 1
-            now = self._marks()
-            # A tick with too few reads to judge widens the next one, up to LONGEST_WINDOW.
-            judged = self.io is None or self._tune_io(mark, now)
-            if judged or now[0] - mark[0] > LONGEST_WINDOW:
-                mark = now
-            if self.workers is not None and ticks % CPU_TICKS == 0:
-                cpu = self._cpu()
-                if cpu is not None and cpu_mark is not None and cpu[0] > cpu_mark[0]:
-                    self._tune_workers((cpu[1] - cpu_mark[1]) / (cpu[0] - cpu_mark[0]))
-                cpu_mark = cpu
+            self.tick()
+
+    def begin(self) -> None:
+        """Take the first marks: the next :meth:`tick` judges what happened since."""
+        self._mark = self._marks()
+        self._cpu_mark = self._cpu()
+        self._ticks = 0
+
+    def tick(self) -> None:
+        """One look at the meters (and every :data:`CPU_TICKS` ticks at the CPU clocks) since
+        the last marks; :meth:`run` calls it every :data:`TICK` seconds."""
+        self._ticks += 1
+        mark, now = self._mark, self._marks()
+        # A tick with too few reads to judge widens the next one, up to LONGEST_WINDOW.
+        judged = self.io is None or self._tune_io(mark, now)
+        if judged or now[0] - mark[0] > LONGEST_WINDOW:
+            self._mark = now
+        if self.workers is not None and self._ticks % CPU_TICKS == 0:
+            cpu, cpu_mark = self._cpu(), self._cpu_mark
+            if cpu is not None and cpu_mark is not None and cpu[0] > cpu_mark[0]:
+                self._tune_workers((cpu[1] - cpu_mark[1]) / (cpu[0] - cpu_mark[0]))
+            self._cpu_mark = cpu
 
     def _marks(self) -> tuple[float, StageStats, StageStats]:
-        return time.perf_counter(), self._read.snapshot(False), self._decode.snapshot(False)
+        return self._clock(), self._read.snapshot(False), self._decode.snapshot(False)
 
     def _tune_io(
         self, mark: tuple[float, StageStats, StageStats], now: tuple[float, StageStats, StageStats]
@@ -163,11 +178,11 @@ class Tuner:
         """(wall time, CPU seconds of the trainer's processes), or None where unreadable."""
         total = 0.0
         for pid in self._pids:
-            got = process_cpu_seconds(pid)
+            got = self._cpu_seconds(pid)
             if got is None:
                 return None
             total += got
-        return time.perf_counter(), total
+        return self._clock(), total
 
 
 def trainer_pids(trainer_pid: int | None) -> list[int]:
