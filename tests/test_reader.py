@@ -245,3 +245,27 @@ def test_pace_turns_slow_and_back() -> None:
     for _ in range(30):
         pace.observe(0.00005)
     assert pace.fast
+
+
+@pytest.mark.parametrize("timeout", [None, 120.0])
+def test_a_read_that_raises_timeouterror_is_that_samples_read_error(
+    files: list[str], timeout: float | None
+) -> None:
+    """A socket timeout inside a custom ``read`` (the builtin ``TimeoutError``, which
+    ``asyncio.TimeoutError`` is on Python 3.11+) is an OSError of that sample, tried again
+    and then a ReadError naming it, never mistaken for ``sample_timeout`` running out."""
+    tries: list[str] = []
+
+    def read(path: str) -> bytes:
+        tries.append(path)
+        if path == files[1]:
+            raise TimeoutError("the socket timed out")
+        return Path(path).read_bytes()
+
+    reader = FileReader(64, read=read, retries=1)
+    got = fetch(reader, files[:3], timeout=timeout)
+    assert got[0] == Path(files[0]).read_bytes() and got[2] == Path(files[2]).read_bytes()
+    assert isinstance(got[1], ReadError) and not isinstance(got[1], LoaderTimeoutError)
+    assert (got[1].index, got[1].path) == (1, files[1]) and "the socket timed out" in str(got[1])
+    assert isinstance(got[1].__cause__, TimeoutError)
+    assert tries.count(files[1]) == 1  # no errno: not a transient error, not tried again

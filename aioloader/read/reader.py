@@ -288,9 +288,22 @@ class FileReader:
                 reading = self.read(path, failed)
             else:
                 reading = self.read_into(path, arena, failed)
-            src = await asyncio.wait_for(reading, timeout)
-        except asyncio.TimeoutError:
-            timed_out = True
+            if timeout is None:
+                src = await reading
+            else:
+                # Not wait_for: its TimeoutError is the builtin one (3.11+), the same class a
+                # read raises for a socket timeout, which is an OSError of this sample.
+                task = asyncio.ensure_future(reading)
+                try:
+                    done, _ = await asyncio.wait({task}, timeout=timeout)
+                except BaseException:  # cancelled from outside: the read goes with it
+                    task.cancel()
+                    raise
+                if done:
+                    src = task.result()
+                else:
+                    task.cancel()
+                    timed_out = True
         except OSError as exc:
             failure = exc.with_traceback(None)
         if timed_out:
