@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from aioloader import ImageDecoder
+
 
 def script_env() -> dict[str, str]:
     """The environment for a Python subprocess a test starts: ``PYTHONPATH`` leads with the
@@ -245,8 +247,48 @@ class FailingImage:
         return number_image(data)
 
 
+class WhereDecoded(ImageDecoder):
+    """The built-in ``ImageDecoder`` (an instance of it, so the loader treats it as one, hot
+    start included) whose samples also say which process decoded them: ``(image, pid)``.
+
+    Holds the decode workers back: a worker unpickles its decoder once, as it starts, and
+    this one waits there, in a process named ``aioloader-worker``, until the file ``gate``
+    exists; then it writes ``<gate>.<pid>`` and the worker starts. The loader's own process
+    unpickles it without waiting."""
+
+    output_shape = None  # type: ignore[assignment]  # the samples are (image, pid): learned, not declared
+
+    def __init__(self, size: int, gate: str) -> None:
+        super().__init__(size)
+        self.gate = gate
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if process_name(os.getpid()) == "aioloader-worke":  # the kernel keeps 15 bytes
+            while not os.path.exists(self.gate):
+                time.sleep(0.005)
+            Path(f"{self.gate}.{os.getpid()}").touch()
+
+    def __call__(self, data: bytes) -> tuple[np.ndarray, int]:  # type: ignore[override]
+        return super().__call__(data), os.getpid()
+
+
 # -- observing a loader from outside: its processes and shared memory ----------------------
 # (tests check what a loader started through /proc and /dev/shm, never its internals)
+
+
+def process_name(pid: int) -> str:
+    """``/proc/<pid>/comm``: what ``ps`` and ``top`` show (15 bytes at most), or "" once gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def named(name: str) -> set[int]:
+    """This process's live descendants named ``name`` in ``/proc/<pid>/comm``."""
+    return {pid for pid in process_tree() if process_name(pid) == name}
 
 
 def shared_helper_pids() -> set[int]:
