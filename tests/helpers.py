@@ -128,6 +128,36 @@ def decode_head(data: bytes) -> np.ndarray:
     return decode_number(data[:13]) * 0 + np.array([int(data[7:13]), len(data)], dtype=np.int64)
 
 
+# -- damaged image files ----------------------------------------------------------------------
+
+
+def jpeg_scan(data: bytes) -> tuple[int, int]:
+    """Where a baseline JPEG's entropy-coded data lies: from the end of its (only) start-of-
+    scan header to its end-of-image marker."""
+    sos = data.index(b"\xff\xda")
+    return sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big"), data.rindex(b"\xff\xd9")
+
+
+def overwrite_scan(data: bytes, at: float, new: bytes) -> bytes:
+    """``data`` with ``new`` written over its entropy-coded data, ``at`` (0..1) of the way
+    in; the headers and the end-of-image marker stay intact."""
+    start, end = jpeg_scan(data)
+    pos = start + int((end - start) * at)
+    assert start < pos and pos + len(new) < end, "the bytes must land inside the scan"
+    return data[:pos] + new + data[pos + len(new) :]
+
+
+def scan_garbage(n: int, seed: int = 0) -> bytes:
+    """``n`` random bytes without 0xFF: garbage the decoder reads as compressed data (0xFF
+    would begin a marker, a different damage)."""
+    values = np.random.default_rng(seed).integers(0, 255, n, dtype=np.uint8)  # 0..254
+    return values.tobytes()
+
+
+# A start-of-frame marker where compressed data belongs: libjpeg stops with an error.
+MARKER_IN_SCAN = b"\xff\xc0\x00\x11"
+
+
 def shm_segments(pid: int | None = None) -> set[str]:
     """The names of aioloader's shared-memory slabs that process ``pid`` (default: this one)
     made and still shares: its ``/dev/shm/aioloader-<pid>-*`` files (the fallback) and the
