@@ -182,7 +182,7 @@ def test_cuda_without_cuda_rejected() -> None:
             loader(device=device)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_device_resolves_with_index() -> None:
     cfg = create(device="cuda")
     assert cfg.device.type == "cuda" and cfg.device.index is not None
