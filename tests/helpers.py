@@ -78,6 +78,24 @@ class SlowDecode:
         return decode_number(data)
 
 
+class LoggedRead:
+    """A read hook that appends a line to the file ``log`` for each file it reads (one small
+    append: whole lines from any thread or process), so a test counts reads from outside;
+    the files in ``slow`` take ``seconds`` longer."""
+
+    def __init__(self, log: str, slow: frozenset[str] = frozenset(), seconds: float = 0.0) -> None:
+        self.log = log
+        self.slow = slow
+        self.seconds = seconds
+
+    def __call__(self, path: str) -> bytes:
+        if path in self.slow:
+            time.sleep(self.seconds)
+        with open(self.log, "a") as f:
+            f.write(os.path.basename(path) + "\n")
+        return Path(path).read_bytes()
+
+
 def random_draw(data: bytes) -> np.ndarray:
     """The number and one draw of aioloader.sample_rng() (seeded by seed, epoch, index)."""
     import aioloader

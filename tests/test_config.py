@@ -219,6 +219,19 @@ def test_usable_cpus_lie_within_the_affinity() -> None:
     assert 1 <= usable_cpus() <= affinity
 
 
+def test_loky_max_cpu_count_lowers_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """README "CPUs in a container": ``LOKY_MAX_CPU_COUNT``, when set, lowers the count, and
+    the default ``num_workers`` with it."""
+    usable = usable_cpus()
+    if usable < 2:
+        pytest.skip("one usable CPU: there is nothing to lower")
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", str(usable - 1))
+    assert usable_cpus() == usable - 1
+    assert create(num_workers=None).num_workers == usable - 1
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", str(usable + 8))  # it only lowers
+    assert usable_cpus() == usable
+
+
 def test_loader_defaults() -> None:
     ld = aioloader.Loader(["a.jpg"])
     cfg = ld.config

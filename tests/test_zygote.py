@@ -19,11 +19,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from faults import Fault
 from helpers import (
+    LoggedRead,
     WhereDecoded,
     decode_number,
     descendants,
     finish_script,
+    flatten,
     named,
     script_env,
     session_survivors,
@@ -223,3 +226,37 @@ def test_the_built_in_image_decoder_delivers_while_no_worker_can_be_forked(image
             assert sum(len(y) for _, y in loader) == len(ds)
     finally:
         resume()
+
+
+def stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.timeout(60)
+def test_decode_slots_go_to_the_earliest_batch_first(numbered: list[str], tmp_path: Path) -> None:
+    """README "Fast first batch": decode slots go to the earliest batch of the epoch first.
+    With the zygote stopped the pool cannot start, so its slots stay closed while all 37
+    reads finish, samples 0-2 last (their reads are slowed); every sample after the third
+    hangs for longer than the test may run. Once the zygote runs again the slots open, to
+    samples 0, 1 and 2 first: the first three batches arrive. Handed out in the order the
+    reads finished, they would put hanging samples on both workers and the test would time
+    out."""
+    zpid = zygote.pid()
+    assert zpid is not None  # conftest starts it before the first test
+    log = tmp_path / "reads"
+    read = LoggedRead(str(log), slow=frozenset(numbered[:3]), seconds=0.2)
+    hang = Fault("hang", set(range(3, 100)), seconds=600)
+    os.kill(zpid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: stopped(zpid), "the zygote stopped")
+        with Loader(
+            numbered, batch_size=1, shuffle=False, decode=hang, read=read, num_workers=2, io_concurrency=64
+        ) as loader:
+            it = iter(loader)
+            wait_for(lambda: log.is_file() and log.read_text().count("\n") == 37, "every read done")
+            assert sorted(log.read_text().split()[-3:]) == ["f00000.txt", "f00001.txt", "f00002.txt"]
+            os.kill(zpid, signal.SIGCONT)
+            assert flatten([next(it), next(it), next(it)]) == [0, 1, 2]
+    finally:
+        os.kill(zpid, signal.SIGCONT)
