@@ -110,6 +110,45 @@ def test_no_zygote_once_loader_threads_exist(tmp_path: Path) -> None:
     assert out.split() == ["None", "None"]
 
 
+PRELOAD = """
+import os, sys, threading, time
+from multiprocessing import forkserver
+import numpy as np
+import imported_by_the_script  # its top level logs the pid of each process that imports it
+from aioloader import Loader
+
+# A loader thread before the first loader: no zygote, the stock fork server makes the workers.
+threading.Thread(target=time.sleep, args=(30,), name="aioloader-other", daemon=True).start()
+
+def decode(data):
+    return np.array([imported_by_the_script.BASE + int(data.decode()[7:])])
+
+if __name__ == "__main__":
+    with Loader({paths!r}, batch_size=5, decode=decode, num_workers=2, shuffle=False) as loader:
+        print("got", *[int(v) for b in loader for v in b])
+        print("server", forkserver._forkserver._forkserver_pid)
+"""
+
+
+def test_without_a_zygote_the_fork_server_preloads_what_the_script_imported(
+    numbered: list[str], tmp_path: Path
+) -> None:
+    """README "Fast first batch": where no zygote can be made, workers come from the stock
+    fork server, which has imported the script's imports before forking them: the module
+    the decode function uses is imported by the script and by the fork server, never by a
+    worker (its top level logs who imports it)."""
+    log = tmp_path / "imported-by"
+    (tmp_path / "imported_by_the_script.py").write_text(
+        f"import os\nwith open({str(log)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\nBASE = 1000\n"
+    )
+    proc = start_script(tmp_path / "train.py", PRELOAD.format(paths=numbered[:10]), cwd=tmp_path)
+    out, err = finish_script(proc)
+    assert proc.returncode == 0, err
+    lines = dict(line.split(" ", 1) for line in out.splitlines())
+    assert lines["got"].split() == [str(1000 + i) for i in range(10)]
+    assert sorted(map(int, log.read_text().split())) == sorted([proc.pid, int(lines["server"])])
+
+
 # -- hot start ---------------------------------------------------------------------------------
 
 
