@@ -21,6 +21,12 @@ from aioloader.decode.pool import mp_context
 from aioloader.synthetic import make_image_folder
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.cuda``: the test needs a CUDA GPU and is skipped without one."""
+    if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _process_wide_helpers() -> None:
     """Start what lives for the whole process by design before the leak checks take their

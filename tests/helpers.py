@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from aioloader import ImageDecoder
+
 
 def script_env() -> dict[str, str]:
     """The environment for a Python subprocess a test starts: ``PYTHONPATH`` leads with the
@@ -119,6 +121,24 @@ class FakeClock:
         self.now += seconds
 
 
+class LoggedRead:
+    """A read hook that appends a line to the file ``log`` for each file it reads (one small
+    append: whole lines from any thread or process), so a test counts reads from outside;
+    the files in ``slow`` take ``seconds`` longer."""
+
+    def __init__(self, log: str, slow: frozenset[str] = frozenset(), seconds: float = 0.0) -> None:
+        self.log = log
+        self.slow = slow
+        self.seconds = seconds
+
+    def __call__(self, path: str) -> bytes:
+        if path in self.slow:
+            time.sleep(self.seconds)
+        with open(self.log, "a") as f:
+            f.write(os.path.basename(path) + "\n")
+        return Path(path).read_bytes()
+
+
 def random_draw(data: bytes) -> np.ndarray:
     """The number and one draw of aioloader.sample_rng() (seeded by seed, epoch, index)."""
     import aioloader
@@ -167,6 +187,36 @@ def write_sized_files(folder: Path, sizes: list[int]) -> list[str]:
 def decode_head(data: bytes) -> np.ndarray:
     """Like decode_number, but for files padded past their number (write_sized_files)."""
     return decode_number(data[:13]) * 0 + np.array([int(data[7:13]), len(data)], dtype=np.int64)
+
+
+# -- damaged image files ----------------------------------------------------------------------
+
+
+def jpeg_scan(data: bytes) -> tuple[int, int]:
+    """Where a baseline JPEG's entropy-coded data lies: from the end of its (only) start-of-
+    scan header to its end-of-image marker."""
+    sos = data.index(b"\xff\xda")
+    return sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big"), data.rindex(b"\xff\xd9")
+
+
+def overwrite_scan(data: bytes, at: float, new: bytes) -> bytes:
+    """``data`` with ``new`` written over its entropy-coded data, ``at`` (0..1) of the way
+    in; the headers and the end-of-image marker stay intact."""
+    start, end = jpeg_scan(data)
+    pos = start + int((end - start) * at)
+    assert start < pos and pos + len(new) < end, "the bytes must land inside the scan"
+    return data[:pos] + new + data[pos + len(new) :]
+
+
+def scan_garbage(n: int, seed: int = 0) -> bytes:
+    """``n`` random bytes without 0xFF: garbage the decoder reads as compressed data (0xFF
+    would begin a marker, a different damage)."""
+    values = np.random.default_rng(seed).integers(0, 255, n, dtype=np.uint8)  # 0..254
+    return values.tobytes()
+
+
+# A start-of-frame marker where compressed data belongs: libjpeg stops with an error.
+MARKER_IN_SCAN = b"\xff\xc0\x00\x11"
 
 
 def shm_segments(pid: int | None = None) -> set[str]:
@@ -288,8 +338,48 @@ class FailingImage:
         return number_image(data)
 
 
+class WhereDecoded(ImageDecoder):
+    """The built-in ``ImageDecoder`` (an instance of it, so the loader treats it as one, hot
+    start included) whose samples also say which process decoded them: ``(image, pid)``.
+
+    Holds the decode workers back: a worker unpickles its decoder once, as it starts, and
+    this one waits there, in a process named ``aioloader-worker``, until the file ``gate``
+    exists; then it writes ``<gate>.<pid>`` and the worker starts. The loader's own process
+    unpickles it without waiting."""
+
+    output_shape = None  # type: ignore[assignment]  # the samples are (image, pid): learned, not declared
+
+    def __init__(self, size: int, gate: str) -> None:
+        super().__init__(size)
+        self.gate = gate
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if process_name(os.getpid()) == "aioloader-worke":  # the kernel keeps 15 bytes
+            while not os.path.exists(self.gate):
+                time.sleep(0.005)
+            Path(f"{self.gate}.{os.getpid()}").touch()
+
+    def __call__(self, data: bytes) -> tuple[np.ndarray, int]:  # type: ignore[override]
+        return super().__call__(data), os.getpid()
+
+
 # -- observing a loader from outside: its processes and shared memory ----------------------
 # (tests check what a loader started through /proc and /dev/shm, never its internals)
+
+
+def process_name(pid: int) -> str:
+    """``/proc/<pid>/comm``: what ``ps`` and ``top`` show (15 bytes at most), or "" once gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def named(name: str) -> set[int]:
+    """This process's live descendants named ``name`` in ``/proc/<pid>/comm``."""
+    return {pid for pid in process_tree() if process_name(pid) == name}
 
 
 def shared_helper_pids() -> set[int]:

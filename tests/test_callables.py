@@ -258,6 +258,24 @@ def test_a_loader_made_inside_a_worker_is_a_clear_error(numbered: list[str], loa
     assert "cannot be started inside aioloader's own worker process" in str(info.value.__cause__)
 
 
+def test_a_loader_made_inside_the_loader_process_is_a_clear_error(numbered: list[str]) -> None:
+    """README "Any callable": no Loader from code that runs in the loader process either
+    (a ``collate``, with ``loader_process=True``, runs there)."""
+
+    def collate(samples: list[object]) -> object:
+        Loader([os.devnull], decode=None).start()
+        return samples
+
+    with (
+        Loader(
+            numbered[:4], batch_size=4, decode=decode_number, collate=collate, loader_process=True
+        ) as loader,
+        pytest.raises(LoaderError) as info,
+    ):
+        next(iter(loader))
+    assert "cannot be started inside aioloader's own loader process" in str(info.value)
+
+
 def test_the_main_module_never_reaches_a_worker() -> None:
     """The preparation data a helper starts with names no main module (the zygote and the
     stock fork server alike): nothing can make a helper import the script."""

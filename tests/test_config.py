@@ -182,7 +182,7 @@ def test_cuda_without_cuda_rejected() -> None:
             loader(device=device)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_device_resolves_with_index() -> None:
     cfg = create(device="cuda")
     assert cfg.device.type == "cuda" and cfg.device.index is not None
@@ -217,6 +217,19 @@ def test_usable_cpus_lie_within_the_affinity() -> None:
     may run on, never fewer than one (the quota itself: test_cpus.py, in real cgroups)."""
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     assert 1 <= usable_cpus() <= affinity
+
+
+def test_loky_max_cpu_count_lowers_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """README "CPUs in a container": ``LOKY_MAX_CPU_COUNT``, when set, lowers the count, and
+    the default ``num_workers`` with it."""
+    usable = usable_cpus()
+    if usable < 2:
+        pytest.skip("one usable CPU: there is nothing to lower")
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", str(usable - 1))
+    assert usable_cpus() == usable - 1
+    assert create(num_workers=None).num_workers == usable - 1
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", str(usable + 8))  # it only lowers
+    assert usable_cpus() == usable
 
 
 def test_loader_defaults() -> None:

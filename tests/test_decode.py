@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import io
 import pickle
+import types
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import MARKER_IN_SCAN, overwrite_scan, scan_garbage
 from PIL import Image, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
 from aioloader import ImageDecoder
@@ -484,11 +486,94 @@ def test_corrupt_bytes_raise() -> None:
             ImageDecoder(16)(data)
 
 
-def test_truncated_file_raises_never_a_partial_image(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", False)
-    for fmt in ("JPEG", "PNG"):
-        data = encode(make_image(np.random.default_rng(0), 400, 300), fmt)
-        for draft in (True, False):
-            with pytest.raises(OSError, match="truncated"):
-                ImageDecoder(64, draft=draft)(data[: len(data) // 2])
+# -- damaged files, whatever Pillow's LOAD_TRUNCATED_IMAGES says -----------------------------
+# A training script may set PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True; hot start decodes on
+# a thread of that very process, and workers forked after it was set inherit it. These cases
+# run in this process with the global set either way; test_faults.py sets it in a script.
+
+SETTINGS = pytest.mark.parametrize("load_truncated", [False, True], ids=["pillow-default", "load-truncated"])
+TRUNCATABLE = {"JPEG": {"quality": 90}, "PNG": {}, "BMP": {}, "GIF": {}, "TIFF": {}}
+
+
+@pytest.fixture
+def no_assignment_to_image_file(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every attribute assigned on PIL.ImageFile from now on (the flag included): ImageDecoder
+    must only read the global, since other threads of the process may use Pillow meanwhile."""
+    assigned: list[str] = []
+
+    class Recording(types.ModuleType):
+        def __setattr__(self, name: str, value: Any) -> None:
+            assigned.append(name)
+            super().__setattr__(name, value)
+
+    monkeypatch.setattr(ImageFile, "__class__", Recording)
+    return assigned
+
+
+@SETTINGS
+def test_truncated_file_raises_never_a_partial_image(
+    monkeypatch: pytest.MonkeyPatch, load_truncated: bool
+) -> None:
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", load_truncated)
+    src = make_image(np.random.default_rng(0), 400, 300)
+    for fmt, kwargs in TRUNCATABLE.items():
+        data = encode(src, fmt, **kwargs)
         assert ImageDecoder(64)(data).shape == (3, 64, 64)  # the whole file is fine
+        for share in (0.5, 0.99):
+            cut = data[: int(len(data) * share)]
+            if load_truncated:  # the premise: Pillow itself now makes a partial image of it
+                assert Image.open(io.BytesIO(cut)).convert("RGB").size == src.size
+            for draft in (True, False):
+                with pytest.raises(OSError, match="truncated"):
+                    ImageDecoder(64, draft=draft)(cut)
+
+
+def test_the_global_is_read_never_changed(
+    monkeypatch: pytest.MonkeyPatch, no_assignment_to_image_file: list[str]
+) -> None:
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    no_assignment_to_image_file.clear()  # the line above was the test's own
+    data = encode(make_image(np.random.default_rng(0), 400, 300), "JPEG", quality=90)
+    with pytest.raises(OSError, match="truncated"):
+        ImageDecoder(64)(data[: len(data) // 2])
+    assert ImageDecoder(64)(data).shape == (3, 64, 64)
+    assert no_assignment_to_image_file == [] and ImageFile.LOAD_TRUNCATED_IMAGES is True
+
+
+@SETTINGS
+def test_a_marker_inside_the_scan_stops_the_decoder_an_error_never_a_partial_image(
+    monkeypatch: pytest.MonkeyPatch, load_truncated: bool
+) -> None:
+    """A start-of-frame marker where compressed data belongs: libjpeg stops with an error,
+    which Pillow ignores when the global is set (leaving the rest grey)."""
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", load_truncated)
+    broken = overwrite_scan(
+        encode(make_image(np.random.default_rng(0), 400, 300), "JPEG", quality=90), 0.5, MARKER_IN_SCAN
+    )
+    if load_truncated:  # the premise: Pillow itself now makes a partial image of it
+        assert Image.open(io.BytesIO(broken)).convert("RGB").size == (400, 300)
+    for draft in (True, False):
+        with pytest.raises(OSError, match="broken data stream"):
+            ImageDecoder(64, draft=draft)(broken)
+
+
+@SETTINGS
+def test_garbage_inside_the_scan_decodes_without_an_error_wrong_from_there_on(
+    monkeypatch: pytest.MonkeyPatch, load_truncated: bool
+) -> None:
+    """What really happens to garbage in a JPEG's entropy-coded data (the headers intact, no
+    0xFF among it): libjpeg only warns about corrupt data, Pillow does not report warnings,
+    so nothing can tell: the image comes back, bit for bit the intact file's above the block
+    row the garbage hit (less one row: chroma upsampling reads the row below) and wrong in
+    every row from there to the bottom. Documented in ImageDecoder's docstring."""
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", load_truncated)
+    data = encode(make_image(np.random.default_rng(0), 256, 192), "JPEG", quality=90)
+    decode = ImageDecoder((192, 256))  # the whole image, no resampling: pixels as decoded
+    intact = decode(data)
+    for at, seed in ((0.3, 1), (0.5, 2), (0.7, 3)):
+        damaged = decode(overwrite_scan(data, at, scan_garbage(64, seed)))
+        wrong = np.flatnonzero((damaged != intact).any(axis=(0, 2)))
+        assert wrong.size, at
+        first = int(wrong[0])
+        assert first >= 15 and (first + 1) % 16 == 0, (at, first)  # a 16-row block row, less one
+        assert wrong.tolist() == list(range(first, 192)), at

@@ -1,5 +1,9 @@
 """Stage 6, the device copy. The CPU cases run everywhere and go through the same bridging
-thread and hand-off as CUDA; the ``cuda`` cases need a GPU and are skipped without one."""
+thread, copier and hand-off as CUDA; the cases marked ``cuda`` need a GPU and are skipped
+without one (conftest.py). The loader cases run in both runtimes (``[thread]``, and
+``[process]`` with ``loader_process=True``, where the bridge in the trainer's process copies
+views of the loader process's slabs), those parametrized by ``device`` once on the CPU and
+once on the GPU."""
 
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ from aioloader import FileDataset, Loader
 from aioloader.base.items import Batch
 from aioloader.run.device import DeviceCopier, PinnedPool, map_tensors
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 Pair = namedtuple("Pair", "a b")
+RUNTIMES = pytest.mark.parametrize("loader_process", [False, True], ids=["thread", "process"])
+DEVICES = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 
 
 def nested_decode(data: bytes) -> dict[str, Any]:
@@ -100,15 +105,77 @@ def test_pinned_pool_evicts_other_sizes_at_the_bound() -> None:
     assert pool.acquire(20).numel() == 20 and pool.allocated == 1
 
 
-def test_nested_batches_through_the_bridge_in_order(numbered: list[str]) -> None:
+@RUNTIMES
+@DEVICES
+def test_nested_batches_through_the_bridge_in_order(
+    numbered: list[str], device: str, loader_process: bool
+) -> None:
     with Loader(
-        numbered, shuffle=False, batch_size=4, decode=nested_decode, num_workers=2, device="cpu"
+        numbered,
+        shuffle=False,
+        batch_size=4,
+        decode=nested_decode,
+        num_workers=2,
+        device=device,
+        loader_process=loader_process,
     ) as loader:
         batches = list(loader)
-    assert [int(v) for b in batches for v in b["x"][:, 0, 0]] == list(range(37))
     first = batches[0]
+    assert first["x"].device.type == device and first["t"][1][0].device.type == device
+    assert [int(v) for b in batches for v in b["x"][:, 0, 0].cpu()] == list(range(37))
     assert first["meta"]["name"] == ["s0", "s1", "s2", "s3"] and first["meta"]["none"] == [None] * 4
-    assert first["t"][0].tolist() == [0, 1, 2, 3] and first["t"][1][0].tolist() == [0, 2, 4, 6]
+    assert first["t"][0].cpu().tolist() == [0, 1, 2, 3] and first["t"][1][0].cpu().tolist() == [0, 2, 4, 6]
+
+
+def same_batches(got: list[Any], expected: list[Any], device: str) -> None:
+    """``got`` on ``device``, equal to ``expected`` (on the CPU), images and labels."""
+    assert len(got) == len(expected) > 1
+    for (x, y), (xe, ye) in zip(got, expected, strict=True):
+        assert x.device.type == device and y.device.type == device
+        assert x.dtype == torch.uint8 and y.dtype == torch.int64
+        assert torch.equal(x.cpu(), xe) and torch.equal(y.cpu(), ye)
+
+
+@RUNTIMES
+@DEVICES
+def test_batches_arrive_on_the_device_equal_to_the_cpu_batches(
+    image_folder: Path, device: str, loader_process: bool
+) -> None:
+    """The same loader with ``device=None`` and with ``device``: the same images and labels,
+    bit for bit (random crops and flips included), the batches on ``device``; with CUDA
+    through pinned staging buffers. ``close()`` leaves nothing: no staging buffer, no side
+    stream, no GPU memory once the batches are dropped (threads, processes, descriptors and
+    slabs: the ``no_leaks`` fixture)."""
+    ds = FileDataset.from_folder(image_folder)
+    kw: dict[str, Any] = {
+        "batch_size": 7,
+        "decode": aioloader.ImageDecoder(40, crop="random", hflip=True),
+        "num_workers": 2,
+        "shuffle": True,
+        "seed": 3,
+        "loader_process": loader_process,
+    }
+    with Loader(ds, **kw) as reference:
+        expected = list(reference)
+    on_gpu = torch.cuda.memory_allocated() if device == "cuda" else 0
+    with Loader(ds, device=device, **kw) as loader:
+        got = list(loader)
+        # Internal on purpose: the pinned staging blocks are not observable from outside
+        # (torch's caching host allocator pools them with everything else pinned).
+        assert loader._runtime is not None
+        copier = loader._runtime.copier
+        staged = copier.pool.allocated
+    same_batches(got, expected, device)
+    if device == "cuda":
+        assert copier.pin_memory and staged > 0, "no pinned staging"
+        assert got[0][0].device == torch.device("cuda", torch.cuda.current_device())
+    else:
+        assert not copier.pin_memory and staged == 0
+    assert copier.pool.allocated == 0 and copier.stream is None  # what close() released
+    del got
+    if device == "cuda":
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == on_gpu  # the batches were the only GPU memory
 
 
 def test_device_errors_at_construction(numbered: list[str]) -> None:
@@ -121,43 +188,22 @@ def test_device_errors_at_construction(numbered: list[str]) -> None:
         Loader(numbered, device="mps")
 
 
-# -- CUDA ---------------------------------------------------------------------------------
+# -- CUDA only -------------------------------------------------------------------------------
 
 
-@cuda
+@RUNTIMES
 @pytest.mark.cuda
-def test_cuda_batches_equal_cpu_batches_bit_for_bit(image_folder: Path) -> None:
-    ds = FileDataset.from_folder(image_folder)
-    kw: dict[str, Any] = {
-        "batch_size": 7,
-        "decode": aioloader.ImageDecoder(40, crop="random"),
-        "num_workers": 2,
-    }
-    with Loader(ds, shuffle=True, **kw) as cpu, Loader(ds, shuffle=True, device="cuda", **kw) as gpu:
-        for (xc, yc), (xg, yg) in zip(cpu, gpu, strict=True):
-            assert xg.is_cuda and yg.is_cuda
-            assert torch.equal(xg.cpu(), xc) and torch.equal(yg.cpu(), yc)
-
-
-@cuda
-@pytest.mark.cuda
-def test_cuda_nested_structures(numbered: list[str]) -> None:
-    with Loader(
-        numbered, shuffle=False, batch_size=4, decode=nested_decode, num_workers=2, device="cuda"
-    ) as loader:
-        batches = list(loader)
-    assert batches[0]["x"].is_cuda and batches[0]["t"][1][0].is_cuda
-    assert batches[0]["meta"]["name"] == ["s0", "s1", "s2", "s3"]
-    assert [int(v) for b in batches for v in b["x"][:, 0, 0].cpu()] == list(range(37))
-
-
-@cuda
-@pytest.mark.cuda
-def test_cuda_receive_does_not_synchronise_the_host(numbered: list[str]) -> None:
+def test_cuda_receive_does_not_synchronise_the_host(numbered: list[str], loader_process: bool) -> None:
     """A long kernel queued on the trainer's stream is still running after a batch is
     received: the hand-off made the stream wait on an event, it did not block the host."""
     with Loader(
-        numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1, device="cuda"
+        numbered,
+        shuffle=False,
+        batch_size=4,
+        decode=decode_number,
+        num_workers=1,
+        device="cuda",
+        loader_process=loader_process,
     ) as loader:
         it = iter(loader)
         first = next(it)
@@ -171,9 +217,11 @@ def test_cuda_receive_does_not_synchronise_the_host(numbered: list[str]) -> None
         assert flatten([first.cpu(), second.cpu()]) == list(range(8))
 
 
-@cuda
+@RUNTIMES
 @pytest.mark.cuda
-def test_cuda_memory_is_not_reused_while_the_trainer_reads_it(numbered: list[str]) -> None:
+def test_cuda_memory_is_not_reused_while_the_trainer_reads_it(
+    numbered: list[str], loader_process: bool
+) -> None:
     """Each batch is read by a kernel queued behind a long sleep on the trainer's stream;
     meanwhile the bridge copies more batches. Wrong stream protection (no record_stream,
     or staging reused early) shows up as corrupted sums."""
@@ -186,6 +234,7 @@ def test_cuda_memory_is_not_reused_while_the_trainer_reads_it(numbered: list[str
         num_workers=2,
         device="cuda",
         prefetch=4,
+        loader_process=loader_process,
     ) as loader:
         for batch in loader:
             torch.cuda._sleep(20_000_000)
@@ -196,12 +245,18 @@ def test_cuda_memory_is_not_reused_while_the_trainer_reads_it(numbered: list[str
     assert got == [sum(values[i : i + 3]) for i in range(0, len(values), 3)]
 
 
-@cuda
+@RUNTIMES
 @pytest.mark.cuda
-def test_cuda_staging_buffers_are_reused(numbered: list[str]) -> None:
+def test_cuda_staging_buffers_are_reused(numbered: list[str], loader_process: bool) -> None:
     paths = (numbered * 11)[:400]
     with Loader(
-        paths, shuffle=False, batch_size=4, decode=decode_number, num_workers=2, device="cuda"
+        paths,
+        shuffle=False,
+        batch_size=4,
+        decode=decode_number,
+        num_workers=2,
+        device="cuda",
+        loader_process=loader_process,
     ) as loader:
         n = sum(1 for _ in loader)
         # Internal on purpose: the pinned staging blocks are not observable from outside
@@ -209,15 +264,21 @@ def test_cuda_staging_buffers_are_reused(numbered: list[str]) -> None:
         runtime = loader._runtime
         assert runtime is not None
         assert n == 100
-        assert runtime.copier.pool.allocated <= 4, runtime.copier.pool.allocated
+        assert 0 < runtime.copier.pool.allocated <= 4, runtime.copier.pool.allocated
 
 
-@cuda
+@RUNTIMES
 @pytest.mark.cuda
-def test_cuda_bridge_thread_uses_the_loader_device(numbered: list[str]) -> None:
+def test_cuda_bridge_thread_uses_the_loader_device(numbered: list[str], loader_process: bool) -> None:
     last = torch.cuda.device_count() - 1
     with Loader(
-        numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1, device=f"cuda:{last}"
+        numbered,
+        shuffle=False,
+        batch_size=4,
+        decode=decode_number,
+        num_workers=1,
+        device=f"cuda:{last}",
+        loader_process=loader_process,
     ) as loader:
         batch = next(iter(loader))
         assert batch.device == torch.device("cuda", last)

@@ -4,6 +4,8 @@ or a counted skip, loses nothing else, and never hangs (tests/faults.py injects 
 from __future__ import annotations
 
 import errno
+import io
+import json
 import logging
 import os
 import shutil
@@ -15,9 +17,21 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from faults import Fault, FlakyRead, SlowRead
-from helpers import flatten, kill_session, session_survivors, shm_segments, start_script
+from helpers import (
+    MARKER_IN_SCAN,
+    finish_script,
+    flatten,
+    kill_session,
+    overwrite_scan,
+    scan_garbage,
+    session_survivors,
+    shm_segments,
+    start_script,
+)
+from PIL import Image
 
 import aioloader
 from aioloader import (
@@ -60,21 +74,165 @@ def test_corrupt_jpeg_header(jpegs: FileDataset) -> None:
         assert "Traceback" in info.value.worker_traceback
 
 
-@pytest.mark.parametrize("damage", ["truncated", "damaged scan"])
-def test_truncated_or_damaged_jpeg_never_gives_a_partial_image(jpegs: FileDataset, damage: str) -> None:
+def test_truncated_jpeg_never_gives_a_partial_image(jpegs: FileDataset) -> None:
     bad = Path(jpegs.path(5))
     data = bad.read_bytes()
-    if damage == "truncated":
-        bad.write_bytes(data[: len(data) // 2])
-    else:  # keep the header, cut the entropy-coded data and the end-of-image marker
-        bad.write_bytes(data[: len(data) // 3] + b"\xff\xd9"[:0])
+    bad.write_bytes(data[: len(data) // 2])
     with Loader(
         jpegs, batch_size=4, shuffle=False, decode=aioloader.ImageDecoder(16), num_workers=1
     ) as loader:
         with pytest.raises(DecodeError, match="truncated") as info:
             list(loader)
-        assert info.value.index == 5
+        assert info.value.index == 5 and info.value.path == str(bad)
         assert isinstance(info.value.__cause__, OSError)
+
+
+def intact_decodes(ds: FileDataset, decode: aioloader.ImageDecoder) -> list[list[int]]:
+    """Each file of ``ds`` decoded here, before any is damaged."""
+    return [decode(Path(ds.path(i)).read_bytes()).tolist() for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_marker_inside_a_jpeg_scan_is_a_decode_error(jpegs: FileDataset, on_error: str) -> None:
+    """Real corrupted data the decoder cannot go on with: a start-of-frame marker written
+    into the middle of a valid JPEG's entropy-coded data, headers intact. A DecodeError
+    naming the file, or a counted skip; the worker survives it, every other image is whole."""
+    decode = aioloader.ImageDecoder(48)
+    intact = intact_decodes(jpegs, decode)
+    bad = Path(jpegs.path(5))
+    bad.write_bytes(overwrite_scan(bad.read_bytes(), 0.5, MARKER_IN_SCAN))
+    with Loader(
+        jpegs, batch_size=4, shuffle=False, decode=decode, on_error=on_error, num_workers=1
+    ) as loader:
+        if on_error == "raise":
+            with pytest.raises(DecodeError, match="broken data stream") as info:
+                list(loader)
+            assert info.value.index == 5 and info.value.path == str(bad)
+            assert isinstance(info.value.__cause__, OSError)
+            assert "Traceback" in info.value.worker_traceback
+        else:
+            images = [img.tolist() for x, _ in loader for img in x]
+            assert images == intact[:5] + intact[6:]
+            assert loader.stats.failures_by_reason == {"DecodeError": 1}
+            assert loader.stats.last_failed_paths == (str(bad),)
+        assert loader.stats.worker_restarts == 0  # an error in the worker, not a crash
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_garbage_in_a_jpeg_scan_arrives_damaged_without_an_error(jpegs: FileDataset, on_error: str) -> None:
+    """Real corrupted data the decoder goes through: 64 random bytes (no 0xFF, so no marker)
+    written over the middle of a valid JPEG's entropy-coded data, headers intact. libjpeg
+    only warns about corrupt data and Pillow does not report warnings, so no error is
+    possible: the sample arrives, identical to the intact file's above the damaged block
+    row, wrong below; never a failure or a skip, never a crash (see ImageDecoder's docstring
+    and test_decode.py)."""
+    decode = aioloader.ImageDecoder(48)  # the 48x48 centre of a 64x48 image: pixels as decoded
+    intact = intact_decodes(jpegs, decode)
+    bad = Path(jpegs.path(5))
+    bad.write_bytes(overwrite_scan(bad.read_bytes(), 0.6, scan_garbage(64)))
+    with Loader(
+        jpegs, batch_size=4, shuffle=False, decode=decode, on_error=on_error, num_workers=1
+    ) as loader:
+        images = [img.tolist() for x, _ in loader for img in x]
+        stats = loader.stats
+    assert stats.failures_by_reason == {} and stats.worker_restarts == 0
+    assert len(images) == len(jpegs)
+    assert images[:5] + images[6:] == intact[:5] + intact[6:]
+    damaged, whole = np.array(images[5]), np.array(intact[5])
+    wrong = np.flatnonzero((damaged != whole).any(axis=(0, 2)))
+    assert wrong.size and wrong[0] > 0, "the rows above the damage are the intact file's"
+    assert wrong.tolist() == list(range(int(wrong[0]), 48)), "and every row below it is wrong"
+
+
+PILLOW_FLAG_SCRIPT = """
+import json, sys
+import numpy as np
+from PIL import ImageFile
+import aioloader
+
+setting, runtime, folder = sys.argv[1:]
+if setting == "set":
+    ImageFile.LOAD_TRUNCATED_IMAGES = True  # where a training script sets it: at its top
+
+
+def seen(data):  # the global, as the process that decodes a sample sees it
+    return np.array([int(ImageFile.LOAD_TRUNCATED_IMAGES)])
+
+
+def loader(dataset, **kw):
+    return aioloader.Loader(
+        dataset, batch_size=3, shuffle=False, num_workers=2, loader_process=runtime == "process", **kw
+    )
+
+
+if __name__ == "__main__":
+    ds = aioloader.FileDataset.from_folder(folder)
+    out = {}
+    with loader(ds.paths[:4], decode=seen) as probe:  # (not an ImageDecoder: workers only)
+        out["workers"] = sorted({int(v) for b in probe for v in b})
+    if setting == "late":
+        ImageFile.LOAD_TRUNCATED_IMAGES = True  # once a loader has started
+        with loader(ds.paths[:4], decode=seen) as probe:
+            out["workers_after_late"] = sorted({int(v) for b in probe for v in b})
+    out["script"] = int(ImageFile.LOAD_TRUNCATED_IMAGES)
+    with loader(ds, decode=aioloader.ImageDecoder(32), on_error="skip") as ld:
+        delivered = 0
+        for epoch in range(2):  # the second long after the workers were up: theirs alone
+            ld.set_epoch(epoch)
+            delivered += sum(len(labels) for _, labels in ld)
+        out["delivered"] = delivered
+        out["failures"] = ld.stats.failures_by_reason
+        out["failed"] = sorted(set(ld.stats.last_failed_paths))
+    with loader(ds, decode=aioloader.ImageDecoder(32)) as ld:
+        try:
+            list(ld)
+        except aioloader.DecodeError as err:
+            out["raised"] = [err.path, str(err).splitlines()[0]]
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("runtime", ["thread", "process"])
+@pytest.mark.parametrize("setting", ["unset", "set", "late"])
+def test_never_a_partial_image_whatever_the_script_sets_in_pillow(
+    tmp_path: Path, setting: str, runtime: str
+) -> None:
+    """A training script that sets ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True`` (Pillow then
+    fills what a damaged file lacks with grey) still gets no partial image from ImageDecoder:
+    a JPEG cut short, a JPEG with a marker inside its scan and a PNG cut short are skipped
+    and counted in both epochs, or the first raises a DecodeError naming it.
+
+    Where the global reaches (the probe ``seen``): set at the script's top, every process
+    that decodes has it, the zygote and so the workers and the loader process included; set
+    once a loader has started ("late"), only the script's own process does (hot start's
+    thread in the trainer), since the zygote, which forks the workers and the loader
+    process, copied the process before."""
+    root = make_image_folder(tmp_path / "img", num_images=9, num_classes=3, size=(64, 48))
+    damaged = {
+        root / "class_00" / "a_cut.jpg": lambda data: data[: len(data) // 2],
+        root / "class_01" / "m_marker.jpg": lambda data: overwrite_scan(data, 0.5, MARKER_IN_SCAN),
+    }
+    source = sorted((root / "class_02").iterdir())[0].read_bytes()
+    for path, damage in damaged.items():
+        path.write_bytes(damage(source))
+    png = root / "class_02" / "z_cut.png"
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(source)).save(buf, "PNG")
+    png.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    bad = sorted(str(p) for p in [*damaged, png])
+    script = tmp_path / "train.py"
+    proc = start_script(script, PILLOW_FLAG_SCRIPT, [str(script), setting, runtime, str(root)])
+    out, err = finish_script(proc)
+    assert proc.returncode == 0, err
+    got = json.loads(out)
+    assert got["script"] == (setting != "unset")
+    assert got["workers"] == [int(setting == "set")]
+    if setting == "late":
+        assert got["workers_after_late"] == [0]  # the zygote's copy, made before
+    assert got["failed"] == bad and got["failures"] == {"DecodeError": 2 * len(bad)}
+    assert got["delivered"] == 2 * (9 + 3 - len(bad))
+    assert got["raised"][0] == str(root / "class_00" / "a_cut.jpg") and "truncated" in got["raised"][1]
+    assert session_survivors(proc.pid) == []
 
 
 def test_corrupt_files_are_skipped_and_counted(jpegs: FileDataset, caplog: pytest.LogCaptureFixture) -> None:

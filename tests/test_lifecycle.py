@@ -46,6 +46,20 @@ def test_start_starts_everything_and_close_joins_it(numbered: list[str]) -> None
     assert all(is_gone(pid) for pid in pids)
 
 
+def test_the_pipeline_runs_on_uvloop_when_it_is_installed(numbered: list[str]) -> None:
+    """README "One engine": stages 1-5 on the loader's own ``aioloader-loop`` thread, on
+    uvloop's loop when uvloop is installed."""
+    uvloop = pytest.importorskip("uvloop")
+    with Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1) as loader:
+        assert flatten([next(iter(loader))]) == [0, 1, 2, 3]
+        # Internal on purpose: which event loop runs the pipeline is not observable from outside.
+        runtime = loader._runtime
+        assert runtime is not None
+        loop_thread = runtime.loop_thread
+        assert isinstance(loop_thread.loop, uvloop.Loop)
+        assert loop_thread.thread.name == "aioloader-loop" and loop_thread.loop.is_running()
+
+
 def test_workers_persist_across_epochs(numbered: list[str]) -> None:
     before = descendants()
     with Loader(numbered, shuffle=False, batch_size=8, decode=decode_number, num_workers=2) as loader:

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from faults import Fault
 from frontends import Driver
-from helpers import FailOn, ReadAfterTicks, SlowDecode, decode_number, flatten, random_draw
+from helpers import FailOn, LoggedRead, ReadAfterTicks, SlowDecode, decode_number, flatten, random_draw
 
 import aioloader
 from aioloader import DecodeError, FileDataset, Loader, LoaderClosedError, LoaderError, ReadError
@@ -115,6 +116,19 @@ def test_unordered_delivers_every_sample(frontend: Driver, numbered: list[str]) 
         batches = frontend.epoch(loader)
     assert len(batches) == len(loader) == 8
     assert sorted(flatten(batches)) == list(range(37))
+
+
+def test_unordered_delivers_in_completion_order(frontend: Driver, numbered: list[str]) -> None:
+    """README "Order and determinism": with ``ordered=False`` the batch of a sample that is
+    slow to decode comes last, not first; in sampler order (the default) it comes first."""
+    slow = Fault("hang", {0}, seconds=2.0)
+    for ordered, position in ((False, -1), (True, 0)):
+        with frontend.opened(
+            Loader(numbered, batch_size=5, shuffle=False, decode=slow, ordered=ordered, num_workers=2)
+        ) as loader:
+            batches = frontend.epoch(loader)
+        assert 0 in flatten([batches[position]]), (ordered, [flatten([b]) for b in batches])
+        assert sorted(flatten(batches)) == list(range(37))
 
 
 def test_images_with_labels(frontend: Driver, image_folder: Path) -> None:
@@ -243,6 +257,39 @@ def test_max_failures_gives_up(frontend: Driver, numbered: list[str]) -> None:
         pytest.raises(LoaderError, match="too many failed samples"),
     ):
         frontend.epoch(loader)
+
+
+def test_reads_run_ahead_of_the_trainer_by_a_bound_not_by_the_dataset(
+    frontend: Driver, numbered: list[str], tmp_path: Path
+) -> None:
+    """README "Bounded memory": a trainer that takes its time lets the loader run as far
+    ahead as it may, and that is a few batches, not the dataset: of 370 files, never more
+    than 10 batches' worth are read ahead of the batch the trainer holds (seen: 7 in the
+    trainer's process, 3 under construction at io_concurrency=8, 2 ready, one in the bridge,
+    one handed over; 9 with a loader process, whose batches also wait in the pipe). Reads
+    are counted from outside, by the read hook (tests/helpers.py: LoggedRead)."""
+    log = tmp_path / "reads"
+    ahead: list[int] = []
+
+    def train(batch: object) -> None:
+        time.sleep(0.005)  # the trainer takes its time: the loader runs as far ahead as it may
+        reads = log.read_bytes().count(b"\n")
+        ahead.append(reads - 4 * (len(ahead) + 1))
+
+    loader = Loader(
+        numbered * 10,
+        batch_size=4,
+        shuffle=False,
+        decode=decode_number,
+        read=LoggedRead(str(log)),
+        io_concurrency=8,
+        prefetch=2,
+        num_workers=1,
+    )
+    with frontend.opened(loader):
+        frontend.for_each(loader, train)
+    assert len(ahead) == len(loader) == 93
+    assert 4 < max(ahead) <= 10 * 4, ahead
 
 
 def test_break_then_next_epoch_is_complete(frontend: Driver, numbered: list[str]) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import math
+import types
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
+from PIL import Image, ImageFile
 
 from aioloader.decode.worker import sample_rng
 
@@ -36,6 +37,18 @@ class ImageDecoder:
     DCT domain, several times faster) whenever that scale still covers the crop box at the
     output resolution. Any Pillow mode is converted to RGB: palette and alpha modes drop
     alpha, 16-bit greyscale is scaled to 8 bits, CMYK is converted.
+
+    Never a partial image: a file cut short, or whose compressed data stops the decoder (a
+    marker that does not belong in a JPEG's scan), raises ``OSError`` (in a
+    :class:`~aioloader.Loader`, a :class:`~aioloader.DecodeError` naming the file), also
+    where the training script set Pillow's ``ImageFile.LOAD_TRUNCATED_IMAGES = True``, with
+    which Pillow itself fills what is missing with grey. The global is only read, never
+    changed (other threads may use Pillow meanwhile), and whether it reached the process that
+    decodes does not matter: workers see the script's globals as they were when its first
+    loader started (the zygote's copy), hot start sees them as they are. Damage the decoder
+    cannot see is not caught: garbage inside a JPEG's entropy-coded data decodes without an
+    error (libjpeg only warns, and Pillow does not report its warnings), into an image that
+    is wrong from the damaged block row down.
 
     Picklable (plain attributes), so it can be sent to worker processes.
     """
@@ -84,7 +97,8 @@ class ImageDecoder:
         return (3, self.height, self.width)
 
     def __call__(self, data: bytes) -> npt.NDArray[np.uint8]:
-        img: Image.Image = Image.open(io.BytesIO(data))
+        source = _Source(data)
+        img: Image.Image = Image.open(source)
         full_w, full_h = img.size
         flip = False
         if self.crop == "center":
@@ -95,6 +109,7 @@ class ImageDecoder:
             flip = self.hflip and bool(rng.random() < 0.5)
         if self.draft and img.format == "JPEG":
             box = self._apply_draft(img, box, full_w, full_h)
+        _load_whole(img, source)
         rgb = _to_rgb(img)
         out = rgb.resize((self.width, self.height), _RESAMPLE[self.resample], box=box)
         if flip:
@@ -114,6 +129,46 @@ class ImageDecoder:
         img.draft("RGB", want)
         sx, sy = img.size[0] / full_w, img.size[1] / full_h
         return (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+
+
+class _Source(io.BytesIO):
+    """A file's bytes as Pillow reads them. Once ``whole`` is set (the pixels are being
+    decoded), a read at the end raises, as Pillow's own loader does by default: the decoder
+    asked for more than the file holds."""
+
+    whole = False
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        out = super().read(size)
+        if not out and self.whole and size != 0:
+            raise OSError("image file is truncated")
+        return out
+
+
+def _load_whole(img: Image.Image, source: _Source) -> None:
+    """Decode ``img``'s pixels as Pillow does with ``ImageFile.LOAD_TRUNCATED_IMAGES`` False
+    (its default), whatever the global says, without changing it.
+
+    With the global set, Pillow hides two failures: a file that ends early (the JPEG plugin
+    feeds the decoder an end-of-image marker instead; ``source`` raises first) and a decoder
+    that stopped with an error (the generic loader ignores its error code; its own copy here
+    reads the flag as False from a globals dict of its own)."""
+    if not ImageFile.LOAD_TRUNCATED_IMAGES:
+        img.load()
+        return
+    source.whole = True
+    generic = ImageFile.ImageFile.load
+    if type(img).load is not generic:  # a plugin's own (TIFF, WebP): it raises for a broken
+        img.load()  # stream itself; an early end is the source's to catch
+        return
+    strict = types.FunctionType(
+        generic.__code__,
+        {**vars(ImageFile), "LOAD_TRUNCATED_IMAGES": False},
+        generic.__name__,
+        generic.__defaults__,
+        generic.__closure__,
+    )
+    strict(img)
 
 
 def _center_box(w: int, h: int, aspect: float) -> tuple[float, float, float, float]:

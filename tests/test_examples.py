@@ -1,0 +1,66 @@
+"""The README's example commands, run as written: ``examples/train_from_s3.py`` against a
+local moto server (the ``moto_s3`` session fixture) with ``--upload-demo``, and
+``examples/ddp_train.py`` under ``torchrun --nproc-per-node 2``, stopped mid-epoch by
+``--stop-after`` and run again to resume. One epoch each, to stay small."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import script_env
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run(args: list[str], cwd: Path) -> str:
+    env = script_env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_train_from_s3_against_a_local_moto_server(moto_s3: dict[str, object], tmp_path: Path) -> None:
+    """README "Object storage and HTTP": the command shown, against this session's moto."""
+    out = run(
+        [
+            str(EXAMPLES / "train_from_s3.py"),
+            "s3://demo/train/",
+            "--endpoint-url",
+            str(moto_s3["endpoint_url"]),
+            "--key",
+            "test",
+            "--secret",
+            "test",
+            "--upload-demo",
+            "--epochs",
+            "1",
+        ],
+        tmp_path,
+    )
+    lines = out.splitlines()
+    assert lines[0].startswith("listed 256 objects in 4 classes"), out
+    assert lines[1].startswith("epoch 0: ") and ", 0 retries," in lines[1], out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ddp_train_stops_and_resumes_under_torchrun(tmp_path: Path) -> None:
+    """README "Resume and ranks": ``torchrun --nproc-per-node 2 examples/ddp_train.py --ckpt
+    DIR``, preempted after 3 steps (checkpoints every 2), then the same command again: it
+    resumes at the checkpoint's batch and trains the rest of the epoch, 2 + 6 of the 8
+    batches each rank gets of 240 images."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    example = [os.fspath(EXAMPLES / "ddp_train.py"), "--ckpt", os.fspath(tmp_path / "ckpt"), "--epochs", "1"]
+    stopped = run([*torchrun, *example, "--stop-after", "3"], tmp_path)
+    assert "stopping after 3 steps (epoch 0); run again to resume" in stopped, stopped
+    resumed = run([*torchrun, *example], tmp_path)
+    assert "resumed at epoch 0, batch 2 of 8" in resumed, resumed
+    assert "epoch 0: 6 batches on rank 0" in resumed, resumed
