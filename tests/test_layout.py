@@ -174,3 +174,18 @@ def test_documented_import_paths() -> None:
         [sys.executable, "-m", "aioloader", "--help"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and "bench" in done.stdout and "doctor" in done.stdout
+
+
+def test_every_test_tests_readme_names_exists() -> None:
+    """``tests/README.md`` says which test holds each README promise: each name it gives
+    (``test_x.py::test_y``) is a test of that file."""
+    here = Path(__file__).parent
+    named = re.findall(r"`(test_\w+\.py)::(\w+)", (here / "README.md").read_text())
+    assert len(named) > 100
+    missing = []
+    for file, name in named:
+        tree = ast.parse((here / file).read_text())
+        tests = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if name not in tests:
+            missing.append(f"{file}::{name}")
+    assert missing == []
