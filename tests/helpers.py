@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -172,12 +173,74 @@ def memfd_holders(makers: set[int]) -> set[str]:
         if not entry.isdigit():
             continue
         try:
-            links = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
-            with open(f"/proc/{entry}/maps") as f:
-                links += [line.split(maxsplit=5)[-1].rstrip("\n") for line in f]
+            links = _fd_links(entry) + _mapped_paths(entry)
         except OSError:  # gone meanwhile, or not ours to see
             continue
         out |= {f"{entry}:{_slab_name(x)}" for x in links if x.startswith(prefixes)}
+    return out
+
+
+def slab_holdings(pids: set[int]) -> set[str]:
+    """``"<pid> (<name>) fd|maps <slab name>"`` for each descriptor and each mapping of an
+    aioloader slab (memfd or ``/dev/shm``, whoever made it) that the processes ``pids``
+    hold, from /proc/<pid>/fd and /proc/<pid>/maps. A memfd slab lives as long as one of
+    those: what the zygote, a fork server or a worker still holds after a loader closed is
+    memory nobody frees until that process ends. Processes gone meanwhile are skipped."""
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                who = f"{pid} ({f.read().strip()})"
+            fds = [x for x in _fd_links(pid) if x.startswith(_SLAB_PATHS)]
+            maps = [x for x in _mapped_paths(pid) if x.startswith(_SLAB_PATHS)]
+        except OSError:  # gone meanwhile, or not ours to see
+            continue
+        out |= {f"{who} fd {_slab_name(x)}" for x in fds}
+        out |= {f"{who} maps {_slab_name(x)}" for x in maps}
+    return out
+
+
+#: How a slab shows in /proc/<pid>/fd links and /proc/<pid>/maps.
+_SLAB_PATHS = ("/memfd:aioloader-", "/dev/shm/aioloader-")
+
+
+def _fd_links(pid: int | str) -> list[str]:
+    """Where process ``pid``'s descriptors point (those closed meanwhile left out); raises
+    OSError when the process is gone or not ours to see."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return out
+
+
+def _mapped_paths(pid: int | str) -> list[str]:
+    """The paths of process ``pid``'s file mappings, from /proc/<pid>/maps."""
+    with open(f"/proc/{pid}/maps") as f:
+        return [parts[5] for parts in (line.rstrip("\n").split(maxsplit=5) for line in f) if len(parts) == 6]
+
+
+#: aioloader's names in /dev/shm, with their maker's pid: the slabs' fallback segments
+#: (``aioloader-<pid>-<n>-<random>``) and the decode pools' semaphores
+#: (``sem.mp-aioloader-<pid>-<random>``).
+_SHM_NAME = re.compile(r"^(?:aioloader|sem\.mp-aioloader)-(\d+)-")
+
+
+def shm_entries() -> dict[str, int]:
+    """Every aioloader entry in /dev/shm, whoever made it (another test run's too), with
+    the pid of the process that made it (its name carries it): ``/dev/shm`` slabs and
+    the decode pools' multiprocessing semaphores."""
+    try:
+        names = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for name in names:
+        m = _SHM_NAME.match(name)
+        if m:
+            out[name] = int(m.group(1))
     return out
 
 
