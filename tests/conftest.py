@@ -16,6 +16,7 @@ import pytest
 import torch
 from frontends import FRONTENDS, Driver, make_driver
 from helpers import (
+    RuntimeWatch,
     is_gone,
     process_tree,
     shared_helper_pids,
@@ -144,6 +145,35 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         problems.append(f"slabs held or mapped by the process tree: {sorted(held)}")
     if problems:
         pytest.fail("leaked after the test: " + "; ".join(problems))
+
+
+@pytest.fixture
+def runtimes(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[RuntimeWatch]:
+    """Every runtime the test's loaders start, recorded; a fixture that runs a test
+    ``[thread]`` or ``[process]`` says which with ``runtimes.expect(process)``, and the test
+    fails (see ``pytest_runtest_call`` below) when a loader ran elsewhere: a ``[process]``
+    loader that fell back to in-process (no zygote), or the runtime not the one asked for."""
+    watch = RuntimeWatch()
+    watch.install(monkeypatch)
+    request.node.stash[_RUNTIMES] = watch
+    try:
+        yield watch
+    finally:
+        watch.uninstall()
+
+
+_RUNTIMES = pytest.StashKey[RuntimeWatch]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test whose loaders ran in another runtime than its id says fails (not an error at
+    teardown): the check runs once its body returned."""
+    result = yield
+    watch = item.stash.get(_RUNTIMES, None)
+    if watch is not None and (problems := watch.problems()):
+        pytest.fail("not the runtime this test stands for: " + "; ".join(problems))
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -436,3 +436,89 @@ def session_survivors(session: int, seconds: float = 5.0) -> list[str]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+# -- which runtime a loader ran in ------------------------------------------------------------
+
+#: What ``start_runtime`` logs when ``loader_process=True`` cannot be honoured.
+NO_ZYGOTE = "no zygote can be made"
+
+
+class RuntimeWatch:
+    """The runtimes the loaders of a test started, against the one the test stands for
+    (``[thread]`` or ``[process]``). Where no zygote can be made, ``loader_process=True``
+    warns and loads in-process: without this, a ``[process]`` test could pass as a
+    ``[thread]`` one. :meth:`install` wraps ``start_runtime`` where the Loader calls it
+    (``aioloader.loader``'s own name for it, and the defining module's) and listens on the
+    ``aioloader`` logger; :meth:`problems` says what went wrong (conftest.py's ``runtimes``
+    fixture fails the test with it)."""
+
+    def __init__(self) -> None:
+        #: ``(asked for a loader process, the runtime's class name)`` per runtime started.
+        self.started: list[tuple[bool, str]] = []
+        self.warnings: list[str] = []
+        self.process: bool | None = None
+        self.in_process_too = False
+        self._handler: Any = None
+
+    def expect(self, process: bool, *, in_process_too: bool = False) -> None:
+        """The test stands for ``[process]`` (``process``) or ``[thread]``: every loader it
+        starts must run there. ``in_process_too``: a ``[process]`` test that also starts
+        loaders of its own in-process (say, to compare with); then each loader must run
+        where it asked, and at least one in a loader process."""
+        self.process = process
+        self.in_process_too = in_process_too
+
+    def install(self, monkeypatch: Any) -> None:
+        import logging
+
+        import aioloader.loader
+        import aioloader.run.start
+
+        original = aioloader.run.start.start_runtime
+        # The Loader calls the name it imported: patching only the defining module would
+        # watch nothing. Refuse to run unwatched if that import ever changes.
+        assert aioloader.loader.start_runtime is original, "aioloader.loader no longer imports start_runtime"
+
+        def watched(config: Any, *args: Any, **kwargs: Any) -> Any:
+            runtime = original(config, *args, **kwargs)
+            self.started.append((bool(config.loader_process), type(runtime).__name__))
+            return runtime
+
+        monkeypatch.setattr(aioloader.run.start, "start_runtime", watched)
+        monkeypatch.setattr(aioloader.loader, "start_runtime", watched)
+
+        watch = self
+
+        class Listen(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if NO_ZYGOTE in record.getMessage():
+                    watch.warnings.append(record.getMessage())
+
+        self._handler = Listen(logging.WARNING)
+        logging.getLogger("aioloader").addHandler(self._handler)
+
+    def uninstall(self) -> None:
+        """Stop listening on the logger (the monkeypatch undoes the rest)."""
+        import logging
+
+        logging.getLogger("aioloader").removeHandler(self._handler)
+
+    def problems(self) -> list[str]:
+        """What ran where it was not asked to (empty: all as asked)."""
+        if self.process is None:
+            return []
+        out = []
+        kinds = [kind for _, kind in self.started]
+        fell_back = [kind for asked, kind in self.started if asked and kind != "ProcessRuntime"]
+        if self.process and fell_back:
+            out.append(f"{len(fell_back)} loader(s) asked for a loader process and ran in-process")
+        if self.process and not self.in_process_too and "Runtime" in kinds:
+            out.append(f"[process] started in-process runtimes: {kinds}")
+        if self.process and self.in_process_too and kinds and "ProcessRuntime" not in kinds:
+            out.append(f"[process] started no loader process, only {kinds}")
+        if not self.process and "ProcessRuntime" in kinds:
+            out.append(f"[thread] started loader processes: {kinds}")
+        if self.process and self.warnings:
+            out.append(f"[process] logged: {self.warnings}")
+        return out

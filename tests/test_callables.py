@@ -18,13 +18,16 @@ import numpy as np
 import pytest
 import torch
 from faults import LoadsOnlyHere, loader_inside
-from helpers import decode_number, finish_script, start_script
+from helpers import RuntimeWatch, decode_number, finish_script, start_script
 
 from aioloader import DecodeError, Loader, LoaderError, WorkerCrashedError
 
 
 @pytest.fixture(params=[False, True], ids=["thread", "process"])
-def loader_process(request: pytest.FixtureRequest) -> bool:
+def loader_process(request: pytest.FixtureRequest, runtimes: RuntimeWatch) -> bool:
+    """Both runtimes; a loader of the test's own process that ran in the other one fails it
+    (``runtimes``, conftest.py). Scripts check theirs themselves."""
+    runtimes.expect(bool(request.param))
     return bool(request.param)
 
 
