@@ -17,7 +17,7 @@ import torch
 from frontends import FRONTENDS, Driver, make_driver
 from helpers import (
     RuntimeWatch,
-    is_gone,
+    new_shm_entries,
     process_tree,
     shared_helper_pids,
     shm_entries,
@@ -78,28 +78,20 @@ class _Snapshot:
     """What the leak check compares: this process's threads, descriptors and slab
     mappings; its process tree (every descendant, the long-lived zygote and fork servers
     included) and the slab descriptors and mappings the tree's processes hold; and
-    aioloader's entries in /dev/shm (slabs and semaphores, anyone's: see :func:`_ours`)."""
+    aioloader's entries in /dev/shm (slabs and semaphores, anyone's: see
+    ``helpers.new_shm_entries``)."""
 
     threads: set[str]
     tree: set[int]
     fds: set[str]
     mappings: set[str]
     held: set[str]
-    shm: dict[str, int]
+    shm: set[str]
 
     @classmethod
     def take(cls) -> _Snapshot:
         tree = process_tree()
-        return cls(_threads(), tree, _fds(), _mappings(), slab_holdings(tree), shm_entries())
-
-
-def _ours(maker: int, tree: set[int]) -> bool:
-    """Whether a /dev/shm entry made by process ``maker`` (its name says which) is this
-    test run's to answer for: made here or by a descendant (a loader process, a worker, the
-    zygote), or by a process that no longer exists (a loader process that exited leaving it
-    behind; its pid cannot be checked any more). Live processes outside this tree are
-    another run's (a benchmark, a colleague's tests), and make and remove entries meanwhile."""
-    return maker == os.getpid() or maker in tree or is_gone(maker)
+        return cls(_threads(), tree, _fds(), _mappings(), slab_holdings(tree), set(shm_entries()))
 
 
 @pytest.fixture(autouse=True)
@@ -122,11 +114,9 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         fds = {fd for fd in now.fds - before.fds if "/dev/pts" not in fd}
         mapped = now.mappings - before.mappings
         held = now.held - before.held
-        segments = {
-            name
-            for name, maker in now.shm.items()
-            if name not in before.shm and _ours(maker, now.tree | before.tree)
-        }
+        # Made here, by a descendant, or by a process gone since (a loader process); not
+        # another run's (a benchmark or a colleague's tests on the same machine).
+        segments = new_shm_entries(before.shm, {os.getpid()} | now.tree | before.tree)
         if not (threads or procs or fds or segments or mapped or held) or time.monotonic() > deadline:
             break
         time.sleep(0.05)

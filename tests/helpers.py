@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +264,19 @@ def slab_mappings(maker: int | None = None) -> list[tuple[int, int, str]]:
             start, end = (int(x, 16) for x in parts[0].split("-"))
             out.append((start, end, _slab_name(parts[5])))
     return out
+
+
+def new_shm_entries(before: Collection[str], makers: Collection[int]) -> set[str]:
+    """aioloader's entries in /dev/shm (:func:`shm_entries`: slabs, semaphores) that are not
+    in ``before`` and were made by one of ``makers`` or by a process that no longer exists
+    (a loader process that exited leaving them; its pid cannot be checked any more).
+    Entries of running processes outside ``makers`` are another run's (a benchmark, a
+    colleague's tests on the same machine), which makes and removes them meanwhile."""
+    return {
+        name
+        for name, maker in shm_entries().items()
+        if name not in before and (maker in makers or is_gone(maker))
+    }
 
 
 # -- decoders with undeclared outputs (the zero-copy path learns their layout) ----------------
