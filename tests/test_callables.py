@@ -71,17 +71,20 @@ def test_lambdas_closures_and_local_classes_as_decode_read_and_collate(
 
 
 REDEFINED = """
-import glob, json, sys
+import glob, json, sys, threading
 import numpy as np
 import aioloader
 
 paths = sorted(glob.glob(sys.argv[1] + "/*.txt"))
+loops = []  # per loader: did its event loop run in this process (in-process runtime)?
 
 
 def first(decode):
     with aioloader.Loader(paths, batch_size=4, shuffle=False, decode=decode, num_workers=2,
                           loader_process=sys.argv[2] == "process") as loader:
-        return next(iter(loader)).tolist()
+        batch = next(iter(loader)).tolist()
+        loops.append(any(t.name == "aioloader-loop" for t in threading.enumerate()))
+        return batch
 
 
 def decode(data):
@@ -118,6 +121,7 @@ try:
     first(refuse)
 except aioloader.DecodeError as exc:
     out["cause"] = [type(exc.__cause__).__name__, isinstance(exc.__cause__, Refused)]
+out["loops_here"] = loops
 print(json.dumps(out))
 """
 
@@ -136,10 +140,11 @@ def test_main_functions_defined_or_redefined_after_a_loader_started(
     assert result["new"] == [[3, 3, 3]] * 4  # not a crash: no worker looks it up by name
     assert result["lambda"] == [[0], [10], [20], [30]]
     assert result["cause"] == ["Refused", True]  # the script's own class, so `except Refused` works
+    assert result["loops_here"] == [not loader_process] * 4  # each loader ran where it asked
 
 
 TRAIN = """
-import glob, json, os, sys
+import glob, json, os, sys, threading
 import numpy as np
 import aioloader
 
@@ -157,8 +162,9 @@ def main():
     with aioloader.Loader(paths, batch_size=8, shuffle=False, decode=decode, num_workers=2,
                           loader_process=runtime == "process") as loader:
         rows = np.concatenate([b.numpy() for b in loader])
+        loop_here = any(t.name == "aioloader-loop" for t in threading.enumerate())
     print(json.dumps({"pid": os.getpid(), "numbers": rows[:, 0].tolist(),
-                      "decoded_in": sorted(set(rows[:, 1].tolist()))}))
+                      "decoded_in": sorted(set(rows[:, 1].tolist())), "loop_here": loop_here}))
 
 
 """
@@ -195,6 +201,7 @@ def test_a_script_however_started_runs_its_top_level_once(
     assert log.read_text().split() == [str(result["pid"])]  # no worker ran the top level
     assert result["numbers"] == list(range(len(numbered)))
     assert result["pid"] not in result["decoded_in"]
+    assert result["loop_here"] is not loader_process  # in-process, or in a loader process as asked
 
 
 class HoldsALock:
