@@ -8,13 +8,23 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 
 import pytest
 import torch
 from frontends import FRONTENDS, Driver, make_driver
-from helpers import descendants, shm_segments, slab_mappings, write_numbered_files
+from helpers import (
+    RuntimeWatch,
+    new_shm_entries,
+    process_tree,
+    shared_helper_pids,
+    shm_entries,
+    slab_holdings,
+    slab_mappings,
+    write_numbered_files,
+)
 
 from aioloader.decode import zygote
 from aioloader.decode.pool import mp_context
@@ -58,15 +68,6 @@ def _fds() -> set[str]:
     return out
 
 
-def _segments() -> set[str]:
-    """This process's aioloader shared-memory slabs: its ``/dev/shm`` segments and the memfd
-    descriptors it holds (those also show among the fds). Only its own (the name carries the
-    creating pid): a loader in another process, such as a benchmark or a colleague's test
-    run on the same machine, makes and removes segments meanwhile, and would fail whichever
-    test happened to be running. Tests that run a script check its segments themselves."""
-    return shm_segments()
-
-
 def _mappings() -> set[str]:
     """Slabs mapped in this process, whoever made them (a loader process's, too): once a
     test's batches are garbage and its loaders closed, none may be left, since a memfd slab
@@ -78,23 +79,51 @@ def _threads() -> set[str]:
     return {f"{t.name}#{t.ident}" for t in threading.enumerate()}
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """What the leak check compares: this process's threads, descriptors and slab
+    mappings; its process tree (every descendant, the long-lived zygote and fork servers
+    included) and the slab descriptors and mappings the tree's processes hold; and
+    aioloader's entries in /dev/shm (slabs and semaphores, anyone's: see
+    ``helpers.new_shm_entries``)."""
+
+    threads: set[str]
+    tree: set[int]
+    fds: set[str]
+    mappings: set[str]
+    held: set[str]
+    shm: set[str]
+
+    @classmethod
+    def take(cls) -> _Snapshot:
+        tree = process_tree()
+        return cls(_threads(), tree, _fds(), _mappings(), slab_holdings(tree), set(shm_entries()))
+
+
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail a test that leaves a thread, a child process, a file descriptor or a
-    shared-memory segment behind."""
-    before = (_threads(), descendants(), _fds(), _segments(), _mappings())
+    """Fail a test that leaves behind, in this process, a thread, a file descriptor or a
+    mapping of a slab; a descendant process (not counting the process-wide helpers); a slab
+    descriptor or mapping in any process of the tree (the zygote, a fork server, a worker,
+    a loader process); or an aioloader segment or semaphore in /dev/shm made by this
+    process, a descendant, or a process gone since (a loader process that exited)."""
+    before = _Snapshot.take()
     yield
     if request.node.get_closest_marker("allow_leaks"):
         return
     deadline = time.monotonic() + 5.0
     while True:
         gc.collect()
-        threads = _threads() - before[0]
-        procs = descendants() - before[1]
-        fds = {fd for fd in _fds() - before[2] if "/dev/pts" not in fd}
-        segments = _segments() - before[3]
-        mapped = _mappings() - before[4]
-        if not (threads or procs or fds or segments or mapped) or time.monotonic() > deadline:
+        now = _Snapshot.take()
+        threads = now.threads - before.threads
+        procs = now.tree - shared_helper_pids() - before.tree
+        fds = {fd for fd in now.fds - before.fds if "/dev/pts" not in fd}
+        mapped = now.mappings - before.mappings
+        held = now.held - before.held
+        # Made here, by a descendant, or by a process gone since (a loader process); not
+        # another run's (a benchmark or a colleague's tests on the same machine).
+        segments = new_shm_entries(before.shm, {os.getpid()} | now.tree | before.tree)
+        if not (threads or procs or fds or segments or mapped or held) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     problems = []
@@ -105,11 +134,42 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     if fds:
         problems.append(f"file descriptors: {sorted(fds)}")
     if segments:
-        problems.append(f"shared-memory segments: {sorted(segments)}")
+        problems.append(f"shared-memory segments or semaphores in /dev/shm: {sorted(segments)}")
     if mapped:
         problems.append(f"shared-memory slabs still mapped: {sorted(mapped)}")
+    if held:
+        problems.append(f"slabs held or mapped by the process tree: {sorted(held)}")
     if problems:
         pytest.fail("leaked after the test: " + "; ".join(problems))
+
+
+@pytest.fixture
+def runtimes(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[RuntimeWatch]:
+    """Every runtime the test's loaders start, recorded; a fixture that runs a test
+    ``[thread]`` or ``[process]`` says which with ``runtimes.expect(process)``, and the test
+    fails (see ``pytest_runtest_call`` below) when a loader ran elsewhere: a ``[process]``
+    loader that fell back to in-process (no zygote), or the runtime not the one asked for."""
+    watch = RuntimeWatch()
+    watch.install(monkeypatch)
+    request.node.stash[_RUNTIMES] = watch
+    try:
+        yield watch
+    finally:
+        watch.uninstall()
+
+
+_RUNTIMES = pytest.StashKey[RuntimeWatch]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test whose loaders ran in another runtime than its id says fails (not an error at
+    teardown): the check runs once its body returned."""
+    result = yield
+    watch = item.stash.get(_RUNTIMES, None)
+    if watch is not None and (problems := watch.problems()):
+        pytest.fail("not the runtime this test stands for: " + "; ".join(problems))
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from helpers import memfd_holders, shm_segments, start_script
+from helpers import memfd_holders, new_shm_entries, shm_segments, start_script
 
 __all__ = ["KINDS", "PHASES", "Outcome", "run_case", "semaphores"]
 
@@ -130,7 +130,9 @@ if __name__ == "__main__":
 class Outcome:
     """What one kill left: ``survivors`` (pids still in the trainer's session), ``segments``
     (``/dev/shm/aioloader-<pid>-*``, and ``<holder pid>:aioloader-<pid>-*`` for a memfd slab
-    a process still holds or maps), ``semaphores`` (POSIX semaphores made since the start),
+    a process still holds or maps), ``semaphores`` (POSIX semaphores made since the start:
+    aioloader's, ``sem.mp-aioloader-<pid>-*``, of the trainer's session or of a process
+    gone since; for ``dataloader``, any new one, since they carry no pid),
     after ``seconds`` (kill to clean, or to giving up at the limit); ``returncode`` of the
     trainer and its ``stderr``."""
 
@@ -182,6 +184,7 @@ def run_case(
     times, 50 ms apart, as an impatient scheduler or user does), and report what is left
     once everything is gone or ``limit`` seconds have passed."""
     sems_before = semaphores()
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     script = TRAINER.format(kind=kind, phase=phase, paths=paths)
     proc = start_script(folder / f"trainer_{kind}_{phase}.py", script)
     assert proc.stdout is not None
@@ -200,6 +203,14 @@ def run_case(
     def segments() -> set[str]:
         return set().union(*(shm_segments(p) for p in makers)) | memfd_holders(makers)
 
+    def new_semaphores() -> set[str]:
+        # By the pid their names carry: a colleague's tests or a benchmark on the same
+        # machine make semaphores meanwhile, and must neither count nor be removed.
+        ours = {n for n in new_shm_entries(shm_before, makers) if n.startswith("sem.")}
+        if kind == "dataloader":  # multiprocessing's own names carry no pid
+            ours |= {n for n in semaphores() - sems_before if not n.startswith("sem.mp-aioloader-")}
+        return ours
+
     try:
         time.sleep(_DELAY.get(phase, 0.0))
         os.kill(proc.pid, sig)
@@ -214,7 +225,7 @@ def run_case(
             proc.poll()  # reap the trainer: a zombie still counts for pgrep
             left = _session(proc.pid)
             segs = segments()
-            sems = semaphores() - sems_before
+            sems = new_semaphores()
             seconds = time.monotonic() - killed
             if not (left or segs or sems) or seconds > limit:
                 break
@@ -222,7 +233,7 @@ def run_case(
     finally:
         _kill_session(proc)  # a leaked helper keeps stdout and stderr open
         _, err = proc.communicate()
-        for name in segments() | (semaphores() - sems_before):  # leave the machine clean (memfds go alone)
+        for name in segments() | new_semaphores():  # leave the machine clean (memfds go alone)
             try:
                 os.unlink(os.path.join("/dev/shm", name))
             except OSError:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -265,12 +267,74 @@ def memfd_holders(makers: set[int]) -> set[str]:
         if not entry.isdigit():
             continue
         try:
-            links = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
-            with open(f"/proc/{entry}/maps") as f:
-                links += [line.split(maxsplit=5)[-1].rstrip("\n") for line in f]
+            links = _fd_links(entry) + _mapped_paths(entry)
         except OSError:  # gone meanwhile, or not ours to see
             continue
         out |= {f"{entry}:{_slab_name(x)}" for x in links if x.startswith(prefixes)}
+    return out
+
+
+def slab_holdings(pids: set[int]) -> set[str]:
+    """``"<pid> (<name>) fd|maps <slab name>"`` for each descriptor and each mapping of an
+    aioloader slab (memfd or ``/dev/shm``, whoever made it) that the processes ``pids``
+    hold, from /proc/<pid>/fd and /proc/<pid>/maps. A memfd slab lives as long as one of
+    those: what the zygote, a fork server or a worker still holds after a loader closed is
+    memory nobody frees until that process ends. Processes gone meanwhile are skipped."""
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                who = f"{pid} ({f.read().strip()})"
+            fds = [x for x in _fd_links(pid) if x.startswith(_SLAB_PATHS)]
+            maps = [x for x in _mapped_paths(pid) if x.startswith(_SLAB_PATHS)]
+        except OSError:  # gone meanwhile, or not ours to see
+            continue
+        out |= {f"{who} fd {_slab_name(x)}" for x in fds}
+        out |= {f"{who} maps {_slab_name(x)}" for x in maps}
+    return out
+
+
+#: How a slab shows in /proc/<pid>/fd links and /proc/<pid>/maps.
+_SLAB_PATHS = ("/memfd:aioloader-", "/dev/shm/aioloader-")
+
+
+def _fd_links(pid: int | str) -> list[str]:
+    """Where process ``pid``'s descriptors point (those closed meanwhile left out); raises
+    OSError when the process is gone or not ours to see."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return out
+
+
+def _mapped_paths(pid: int | str) -> list[str]:
+    """The paths of process ``pid``'s file mappings, from /proc/<pid>/maps."""
+    with open(f"/proc/{pid}/maps") as f:
+        return [parts[5] for parts in (line.rstrip("\n").split(maxsplit=5) for line in f) if len(parts) == 6]
+
+
+#: aioloader's names in /dev/shm, with their maker's pid: the slabs' fallback segments
+#: (``aioloader-<pid>-<n>-<random>``) and the decode pools' semaphores
+#: (``sem.mp-aioloader-<pid>-<random>``).
+_SHM_NAME = re.compile(r"^(?:aioloader|sem\.mp-aioloader)-(\d+)-")
+
+
+def shm_entries() -> dict[str, int]:
+    """Every aioloader entry in /dev/shm, whoever made it (another test run's too), with
+    the pid of the process that made it (its name carries it): ``/dev/shm`` slabs and
+    the decode pools' multiprocessing semaphores."""
+    try:
+        names = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for name in names:
+        m = _SHM_NAME.match(name)
+        if m:
+            out[name] = int(m.group(1))
     return out
 
 
@@ -293,6 +357,19 @@ def slab_mappings(maker: int | None = None) -> list[tuple[int, int, str]]:
             start, end = (int(x, 16) for x in parts[0].split("-"))
             out.append((start, end, _slab_name(parts[5])))
     return out
+
+
+def new_shm_entries(before: Collection[str], makers: Collection[int]) -> set[str]:
+    """aioloader's entries in /dev/shm (:func:`shm_entries`: slabs, semaphores) that are not
+    in ``before`` and were made by one of ``makers`` or by a process that no longer exists
+    (a loader process that exited leaving them; its pid cannot be checked any more).
+    Entries of running processes outside ``makers`` are another run's (a benchmark, a
+    colleague's tests on the same machine), which makes and removes them meanwhile."""
+    return {
+        name
+        for name, maker in shm_entries().items()
+        if name not in before and (maker in makers or is_gone(maker))
+    }
 
 
 # -- decoders with undeclared outputs (the zero-copy path learns their layout) ----------------
@@ -507,3 +584,89 @@ def session_survivors(session: int, seconds: float = 5.0) -> list[str]:
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
+
+
+# -- which runtime a loader ran in ------------------------------------------------------------
+
+#: What ``start_runtime`` logs when ``loader_process=True`` cannot be honoured.
+NO_ZYGOTE = "no zygote can be made"
+
+
+class RuntimeWatch:
+    """The runtimes the loaders of a test started, against the one the test stands for
+    (``[thread]`` or ``[process]``). Where no zygote can be made, ``loader_process=True``
+    warns and loads in-process: without this, a ``[process]`` test could pass as a
+    ``[thread]`` one. :meth:`install` wraps ``start_runtime`` where the Loader calls it
+    (``aioloader.loader``'s own name for it, and the defining module's) and listens on the
+    ``aioloader`` logger; :meth:`problems` says what went wrong (conftest.py's ``runtimes``
+    fixture fails the test with it)."""
+
+    def __init__(self) -> None:
+        #: ``(asked for a loader process, the runtime's class name)`` per runtime started.
+        self.started: list[tuple[bool, str]] = []
+        self.warnings: list[str] = []
+        self.process: bool | None = None
+        self.in_process_too = False
+        self._handler: Any = None
+
+    def expect(self, process: bool, *, in_process_too: bool = False) -> None:
+        """The test stands for ``[process]`` (``process``) or ``[thread]``: every loader it
+        starts must run there. ``in_process_too``: a ``[process]`` test that also starts
+        loaders of its own in-process (say, to compare with); then each loader must run
+        where it asked, and at least one in a loader process."""
+        self.process = process
+        self.in_process_too = in_process_too
+
+    def install(self, monkeypatch: Any) -> None:
+        import logging
+
+        import aioloader.loader
+        import aioloader.run.start
+
+        original = aioloader.run.start.start_runtime
+        # The Loader calls the name it imported: patching only the defining module would
+        # watch nothing. Refuse to run unwatched if that import ever changes.
+        assert aioloader.loader.start_runtime is original, "aioloader.loader no longer imports start_runtime"
+
+        def watched(config: Any, *args: Any, **kwargs: Any) -> Any:
+            runtime = original(config, *args, **kwargs)
+            self.started.append((bool(config.loader_process), type(runtime).__name__))
+            return runtime
+
+        monkeypatch.setattr(aioloader.run.start, "start_runtime", watched)
+        monkeypatch.setattr(aioloader.loader, "start_runtime", watched)
+
+        watch = self
+
+        class Listen(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if NO_ZYGOTE in record.getMessage():
+                    watch.warnings.append(record.getMessage())
+
+        self._handler = Listen(logging.WARNING)
+        logging.getLogger("aioloader").addHandler(self._handler)
+
+    def uninstall(self) -> None:
+        """Stop listening on the logger (the monkeypatch undoes the rest)."""
+        import logging
+
+        logging.getLogger("aioloader").removeHandler(self._handler)
+
+    def problems(self) -> list[str]:
+        """What ran where it was not asked to (empty: all as asked)."""
+        if self.process is None:
+            return []
+        out = []
+        kinds = [kind for _, kind in self.started]
+        fell_back = [kind for asked, kind in self.started if asked and kind != "ProcessRuntime"]
+        if self.process and fell_back:
+            out.append(f"{len(fell_back)} loader(s) asked for a loader process and ran in-process")
+        if self.process and not self.in_process_too and "Runtime" in kinds:
+            out.append(f"[process] started in-process runtimes: {kinds}")
+        if self.process and self.in_process_too and kinds and "ProcessRuntime" not in kinds:
+            out.append(f"[process] started no loader process, only {kinds}")
+        if not self.process and "ProcessRuntime" in kinds:
+            out.append(f"[thread] started loader processes: {kinds}")
+        if self.process and self.warnings:
+            out.append(f"[process] logged: {self.warnings}")
+        return out

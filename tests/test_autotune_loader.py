@@ -11,14 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import decode_number, flatten, write_numbered_files
+from helpers import RuntimeWatch, decode_number, flatten, write_numbered_files
 
 from aioloader import Loader
 from aioloader.config import AUTO_IO_START, usable_cpus
 
 
 @pytest.fixture(params=[False, True], ids=["thread", "process"])
-def process(request: pytest.FixtureRequest) -> bool:
+def process(request: pytest.FixtureRequest, runtimes: RuntimeWatch) -> bool:
+    """Both runtimes; a loader given ``loader_process=process`` that ran in the other one
+    fails the test (``runtimes``, conftest.py). Fixed settings run in-process to compare."""
+    runtimes.expect(bool(request.param), in_process_too=True)
     return bool(request.param)
 
 

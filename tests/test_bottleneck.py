@@ -12,14 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 from faults import SlowRead
-from helpers import SlowDecode, decode_number
+from helpers import RuntimeWatch, SlowDecode, decode_number
 
 from aioloader import Loader
 from aioloader.observe.stats import WINDOW
 
 
 @pytest.fixture(params=[False, True], ids=["thread", "process"])
-def process(request: pytest.FixtureRequest) -> bool:
+def process(request: pytest.FixtureRequest, runtimes: RuntimeWatch) -> bool:
+    """Both runtimes (the test fails when a loader ran in the other one: ``runtimes``)."""
+    runtimes.expect(bool(request.param))
     return bool(request.param)
 
 

@@ -18,19 +18,23 @@ import numpy as np
 import pytest
 import torch
 from faults import LoadsOnlyHere, loader_inside
-from helpers import decode_number, finish_script, start_script
+from helpers import RuntimeWatch, decode_number, finish_script, new_shm_entries, process_tree, start_script
 
 from aioloader import DecodeError, Loader, LoaderError, WorkerCrashedError
 
 
 @pytest.fixture(params=[False, True], ids=["thread", "process"])
-def loader_process(request: pytest.FixtureRequest) -> bool:
+def loader_process(request: pytest.FixtureRequest, runtimes: RuntimeWatch) -> bool:
+    """Both runtimes; a loader of the test's own process that ran in the other one fails it
+    (``runtimes``, conftest.py). Scripts check theirs themselves."""
+    runtimes.expect(bool(request.param))
     return bool(request.param)
 
 
 def semaphores() -> set[str]:
-    """This process's named POSIX semaphores in /dev/shm (a decode pool makes five)."""
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"sem.mp-aioloader-{os.getpid()}-")}
+    """aioloader's named POSIX semaphores in /dev/shm (a decode pool makes five) made by
+    this process, a descendant (a loader process) or a process gone since."""
+    return {n for n in new_shm_entries((), {os.getpid()} | process_tree()) if n.startswith("sem.")}
 
 
 def test_lambdas_closures_and_local_classes_as_decode_read_and_collate(
@@ -67,17 +71,20 @@ def test_lambdas_closures_and_local_classes_as_decode_read_and_collate(
 
 
 REDEFINED = """
-import glob, json, sys
+import glob, json, sys, threading
 import numpy as np
 import aioloader
 
 paths = sorted(glob.glob(sys.argv[1] + "/*.txt"))
+loops = []  # per loader: did its event loop run in this process (in-process runtime)?
 
 
 def first(decode):
     with aioloader.Loader(paths, batch_size=4, shuffle=False, decode=decode, num_workers=2,
                           loader_process=sys.argv[2] == "process") as loader:
-        return next(iter(loader)).tolist()
+        batch = next(iter(loader)).tolist()
+        loops.append(any(t.name == "aioloader-loop" for t in threading.enumerate()))
+        return batch
 
 
 def decode(data):
@@ -114,6 +121,7 @@ try:
     first(refuse)
 except aioloader.DecodeError as exc:
     out["cause"] = [type(exc.__cause__).__name__, isinstance(exc.__cause__, Refused)]
+out["loops_here"] = loops
 print(json.dumps(out))
 """
 
@@ -132,10 +140,11 @@ def test_main_functions_defined_or_redefined_after_a_loader_started(
     assert result["new"] == [[3, 3, 3]] * 4  # not a crash: no worker looks it up by name
     assert result["lambda"] == [[0], [10], [20], [30]]
     assert result["cause"] == ["Refused", True]  # the script's own class, so `except Refused` works
+    assert result["loops_here"] == [not loader_process] * 4  # each loader ran where it asked
 
 
 TRAIN = """
-import glob, json, os, sys
+import glob, json, os, sys, threading
 import numpy as np
 import aioloader
 
@@ -153,8 +162,9 @@ def main():
     with aioloader.Loader(paths, batch_size=8, shuffle=False, decode=decode, num_workers=2,
                           loader_process=runtime == "process") as loader:
         rows = np.concatenate([b.numpy() for b in loader])
+        loop_here = any(t.name == "aioloader-loop" for t in threading.enumerate())
     print(json.dumps({"pid": os.getpid(), "numbers": rows[:, 0].tolist(),
-                      "decoded_in": sorted(set(rows[:, 1].tolist()))}))
+                      "decoded_in": sorted(set(rows[:, 1].tolist())), "loop_here": loop_here}))
 
 
 """
@@ -191,6 +201,7 @@ def test_a_script_however_started_runs_its_top_level_once(
     assert log.read_text().split() == [str(result["pid"])]  # no worker ran the top level
     assert result["numbers"] == list(range(len(numbered)))
     assert result["pid"] not in result["decoded_in"]
+    assert result["loop_here"] is not loader_process  # in-process, or in a loader process as asked
 
 
 class HoldsALock:
@@ -212,7 +223,7 @@ def test_a_decode_that_cannot_be_sent_is_one_value_error_naming_it(
         Loader(numbered, decode=HoldsALock(), loader_process=loader_process)
     assert "cannot pickle '_thread.lock' object" in str(info.value)
     assert "Traceback" not in capfd.readouterr().err  # nothing printed from a thread
-    assert semaphores() == before
+    assert semaphores() - before == set()
 
 
 def test_a_read_that_cannot_be_sent_is_refused_only_where_it_must_be_sent(numbered: list[str]) -> None:
@@ -243,7 +254,7 @@ def test_a_decode_that_does_not_load_where_it_runs_is_one_loader_error(
     assert "decode" in str(info.value) and "could not be loaded" in str(info.value)
     assert "can only be loaded in process" in str(info.value) + str(info.value.__cause__)
     assert "Traceback" not in capfd.readouterr().err
-    assert semaphores() == before
+    assert semaphores() - before == set()
 
 
 def test_a_loader_made_inside_a_worker_is_a_clear_error(numbered: list[str], loader_process: bool) -> None:

@@ -23,6 +23,7 @@ from helpers import (
     finish_script,
     is_gone,
     kill_session,
+    new_shm_entries,
     script_env,
     session_survivors,
     shm_segments,
@@ -283,6 +284,11 @@ def test_a_trainer_that_ends_itself_leaves_nothing(files: list[str], tmp_path: P
     path = tmp_path / "self_destruct.py"
     path.write_text(textwrap.dedent(SELF_DESTRUCT).format(paths=files))
     sems_before = semaphores()
+
+    def left_semaphores() -> set[str]:
+        """New ones of the trainer (gone) or of a process gone since: not a colleague's."""
+        return {n for n in new_shm_entries(sems_before, {proc.pid}) if n.startswith("sem.")}
+
     proc = subprocess.Popen(
         [sys.executable, str(path), how],
         env=script_env(),
@@ -296,8 +302,8 @@ def test_a_trainer_that_ends_itself_leaves_nothing(files: list[str], tmp_path: P
         assert proc.returncode == (3 if how == "exit" else -signal.SIGSEGV)
         assert session_survivors(proc.pid) == []
         deadline = time.monotonic() + 5
-        while (shm_segments(proc.pid) or semaphores() - sems_before) and time.monotonic() < deadline:
+        while (shm_segments(proc.pid) or left_semaphores()) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert shm_segments(proc.pid) == set() and semaphores() - sems_before == set()
+        assert shm_segments(proc.pid) == set() and left_semaphores() == set()
     finally:
         kill_session(proc)

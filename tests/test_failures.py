@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from frontends import Driver
-from helpers import FailOn, write_numbered_files
+from helpers import FailOn, RuntimeWatch, write_numbered_files
 
 from aioloader import Loader, LoaderError, ReadError, SampleError
 from aioloader.engine.failures import (
@@ -34,8 +34,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 @pytest.fixture(params=[False, True], ids=["thread", "process"])
-def loader_process(request: pytest.FixtureRequest) -> bool:
-    """Both runtimes: the pipeline in the trainer's process, or in a loader process."""
+def loader_process(request: pytest.FixtureRequest, runtimes: RuntimeWatch) -> bool:
+    """Both runtimes: the pipeline in the trainer's process, or in a loader process (the
+    test fails when a loader ran in the other one: ``runtimes``, conftest.py)."""
+    runtimes.expect(bool(request.param))
     return bool(request.param)
 
 

@@ -20,7 +20,16 @@ import pytest
 import torch
 from faults import Fault
 from frontends import Driver
-from helpers import FailOn, LoggedRead, ReadAfterTicks, SlowDecode, decode_number, flatten, random_draw
+from helpers import (
+    FailOn,
+    LoggedRead,
+    ReadAfterTicks,
+    RuntimeWatch,
+    SlowDecode,
+    decode_number,
+    flatten,
+    random_draw,
+)
 
 import aioloader
 from aioloader import DecodeError, FileDataset, Loader, LoaderClosedError, LoaderError, ReadError
@@ -29,9 +38,12 @@ from aioloader.loader import CLOSED_MESSAGE
 
 
 @pytest.fixture(autouse=True, params=["thread", "process"])
-def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, runtimes: RuntimeWatch) -> str:
     """Where the pipeline runs: every Loader of the test gets ``loader_process=True`` for
-    ``[process]`` (the argument every user would pass)."""
+    ``[process]`` (the argument every user would pass). The test fails when one ran
+    elsewhere (``runtimes``, conftest.py): in-process for ``[process]`` (no zygote could be
+    made), or in a loader process for ``[thread]``."""
+    runtimes.expect(request.param == "process")
     if request.param == "process":
         create = LoaderConfig.create
 

@@ -32,6 +32,7 @@ from helpers import (
     number_image,
     number_ragged,
     script_env,
+    shm_entries,
     shm_mapping,
     shm_segments,
     slab_mappings,
@@ -200,11 +201,15 @@ def test_a_killed_loader_process_is_a_clear_error(numbered: list[str]) -> None:
     ) as loader:
         it = iter(loader)
         next(it)
-        os.kill(loader_pid(), signal.SIGKILL)
+        pid = loader_pid()
+        assert any(maker == pid for maker in shm_entries().values())  # its decode pool's semaphores
+        os.kill(pid, signal.SIGKILL)
         with pytest.raises(LoaderError, match="loader process exited unexpectedly"):
             for _ in range(len(numbered)):
                 next(it)
-    # Its workers follow it (their lifeline), and nothing is left.
+    # Its workers follow it (their lifeline), and nothing is left: what it could not remove
+    # itself (its semaphores), the trainer removed when it closed the loader, not at exit.
+    assert [name for name, maker in shm_entries().items() if maker == pid] == []
     deadline = time.monotonic() + 5
     while descendants() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -260,3 +265,43 @@ def test_without_a_zygote_it_loads_in_process_and_says_so(tmp_path: Path, number
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"]  # all samples; the loop runs here
     assert "no zygote can be made" in out.stderr and "loading in-process" in out.stderr
+
+
+KILLED_WITH_DEVSHM_SLABS = """
+import os, signal
+from helpers import number_image, shm_entries
+from test_loader_process import loader_pid
+from aioloader import Loader, LoaderError
+
+paths = {paths!r}
+if __name__ == "__main__":
+    with Loader(paths, batch_size=4, decode=number_image, num_workers=1, prefetch=1, shuffle=False,
+                loader_process=True) as loader:
+        it = iter(loader)
+        held = next(it)
+        pid = loader_pid()
+        made = sorted(n for n, maker in shm_entries().items() if maker == pid)
+        print("made", *sorted({{n.split("-")[0] for n in made}}), flush=True)
+        os.kill(pid, signal.SIGKILL)
+        try:
+            for _ in it:
+                pass
+        except LoaderError:
+            pass
+    print("left", sorted(n for n, maker in shm_entries().items() if maker == pid), flush=True)
+    print("held", *held[:, 0, 0, 0].tolist(), flush=True)  # its mapping outlives the name
+"""
+
+
+def test_a_killed_loader_process_leaves_no_devshm_slab(tmp_path: Path, numbered: list[str]) -> None:
+    """With ``/dev/shm`` slabs (``AIOLOADER_SLABS=devshm``, read by the zygote, so in a
+    script of its own), a killed loader process leaves its slabs and semaphores as names in
+    /dev/shm; the trainer removes them when it closes the loader, not when it exits (the
+    resource tracker's time), and a batch it holds stays readable."""
+    script = tmp_path / "killed_devshm.py"
+    script.write_text(KILLED_WITH_DEVSHM_SLABS.format(paths=numbered))
+    env = {**script_env(), "AIOLOADER_SLABS": "devshm"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["made aioloader sem.mp", "left []", "held 0 1 2 3"], out.stdout
+    assert "leaked" not in out.stderr, out.stderr  # the resource tracker found nothing at exit

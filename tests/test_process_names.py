@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import decode_number, descendants, finish_script, flatten, start_script
+from helpers import RuntimeWatch, decode_number, descendants, finish_script, flatten, start_script
 
 from aioloader import Loader
 from aioloader.decode import zygote
@@ -63,7 +63,10 @@ def test_ps_shows_the_name() -> None:
 
 
 @pytest.mark.parametrize("loader_process", [False, True], ids=["thread", "process"])
-def test_workers_and_the_loader_process_are_named(numbered: list[str], loader_process: bool) -> None:
+def test_workers_and_the_loader_process_are_named(
+    numbered: list[str], loader_process: bool, runtimes: RuntimeWatch
+) -> None:
+    runtimes.expect(loader_process)
     expected = [WORKER] * 2 + ([LOADER] if loader_process else [])
     kw = {"decode": decode_number, "num_workers": 2, "shuffle": False, "loader_process": loader_process}
     with Loader(numbered, batch_size=5, **kw) as loader:

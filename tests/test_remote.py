@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import decode_number
+from helpers import RuntimeWatch, decode_number
 from servers import control, s3_client, server_stats
 
 from aioloader import FileDataset, Loader, LoaderError, LoaderTimeoutError, ReadError
@@ -31,10 +31,13 @@ pytest.importorskip("fsspec")
     ],
     ids=["thread", "process-obstore", "process-fsspec"],
 )
-def where(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Where the reads run, and through which client (``aioloader.read.backends``)."""
+def where(request: pytest.FixtureRequest, runtimes: RuntimeWatch) -> dict[str, Any]:
+    """Where the reads run, and through which client (``aioloader.read.backends``). The
+    test fails when a loader given these arguments ran elsewhere (``runtimes``, conftest.py);
+    some cases also load the local copy in-process, to compare with."""
     if request.param.get("storage_backend") == "obstore":
         pytest.importorskip("obstore")
+    runtimes.expect(request.param["loader_process"], in_process_too=True)
     return dict(request.param)
 
 

@@ -20,7 +20,7 @@ import os
 import pickle
 import threading
 import time
-from multiprocessing import connection
+from multiprocessing import connection, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,7 +37,7 @@ from aioloader.run.bridge import Bridge
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
 from aioloader.run.pipeline import slabs_pooled
-from aioloader.safety import gcfreeze
+from aioloader.safety import doctor, gcfreeze
 
 __all__ = ["NoZygote", "PipeRun", "ProcessRuntime"]
 
@@ -310,4 +310,25 @@ class ProcessRuntime(runtime.RuntimeBase):
         self.proc.join(5.0)
         self.channel.close()
         if self.proc.exitcode is not None:
+            if self.proc.exitcode != 0:  # it could not close: killed, or crashed
+                _remove_leftovers(self.proc.pid)
             self.proc.close()
+
+
+def _remove_leftovers(pid: int | None) -> None:
+    """What the loader process ``pid``, now gone, left in ``/dev/shm`` because it did not
+    close (killed, by the OOM killer say, or crashed): its decode pool's semaphores and,
+    with ``/dev/shm`` slabs, its segments. The resource tracker it shares with this process
+    (the zygote is forked after it starts) removes them only when this process ends: a
+    trainer that goes on would hold them meanwhile. Removed now, and unregistered there.
+    Batches this process still holds keep their mappings: only the names go. Not after a
+    clean exit: a loader process that closed removed its own, and any left is a bug to
+    see (the tests' leak check), not to hide."""
+    if pid is None:
+        return
+    removed, _ = doctor.remove([e for e in doctor.scan() if e.pid == pid])
+    for entry in removed:
+        if entry.kind == "semaphore":  # sem.mp-aioloader-<pid>-x is POSIX semaphore /mp-aioloader-<pid>-x
+            resource_tracker.unregister("/" + entry.name.removeprefix("sem."), "semaphore")
+        else:
+            resource_tracker.unregister("/" + entry.name, "shared_memory")
