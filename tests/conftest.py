@@ -243,17 +243,8 @@ def _file_server(numbered: list[str]) -> Iterator[str]:
 def http_files(_file_server: str) -> Iterator[str]:
     """The aiohttp file server serving ``numbered``'s folder at this URL (no latency, no
     faults unless the test sets them with ``servers.control``)."""
-    from servers import control
+    from servers import CONTROL_DEFAULTS, control
 
-    reset = {
-        "latency_ms": 0,
-        "fail_first": 0,
-        "fail_share": 1.0,
-        "reset_every": 0,
-        "fail_status": 503,
-        "hold_until": 0,
-        "hold_s": 30.0,
-    }
-    control(_file_server, **reset)
+    control(_file_server, **CONTROL_DEFAULTS)
     yield _file_server
-    control(_file_server, **reset)
+    control(_file_server, **CONTROL_DEFAULTS)

@@ -38,6 +38,7 @@ from typing import Any
 __all__ = [
     "RUNNING",
     "Server",
+    "CONTROL_DEFAULTS",
     "control",
     "free_port",
     "s3_client",
@@ -153,6 +154,18 @@ def s3_client(options: dict[str, object]) -> Any:
     )
 
 
+#: What ``/_control`` sets, as a server starts (no latency, no faults, nothing held).
+CONTROL_DEFAULTS: dict[str, float] = {
+    "latency_ms": 0.0,
+    "fail_first": 0,
+    "fail_share": 1.0,
+    "reset_every": 0,
+    "fail_status": 503,
+    "hold_until": 0,
+    "hold_s": 30.0,
+}
+
+
 def control(url: str, **settings: float) -> None:
     """Set the file server at ``url``'s latency and faults (see the module docstring)."""
     import json
@@ -194,15 +207,7 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
     )
     session: list[aiohttp.ClientSession] = []
 
-    control = {
-        "latency_ms": 0.0,
-        "fail_first": 0,
-        "fail_share": 1.0,
-        "reset_every": 0,
-        "fail_status": 503,
-        "hold_until": 0,
-        "hold_s": 30.0,
-    }
+    control = dict(CONTROL_DEFAULTS)
     seen: Counter[str] = Counter()
     total = [0]
     flight = {"now": 0, "max": 0}
