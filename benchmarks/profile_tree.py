@@ -121,8 +121,11 @@ def role(comm: str, pid: int, root: int, mode: str) -> str:
     if pid == root:
         return "trainer"
     if comm.startswith("aioloader-"):
-        return {"aioloader-worke": "aioloader-worker", "aioloader-zygot": "aioloader-zygote",
-                "aioloader-loade": "aioloader-loader"}.get(comm, comm)
+        return {
+            "aioloader-worke": "aioloader-worker",
+            "aioloader-zygot": "aioloader-zygote",
+            "aioloader-loade": "aioloader-loader",
+        }.get(comm, comm)
     if comm == "py-spy":
         return "py-spy"
     return "DataLoader worker" if mode == "dataloader" else comm
@@ -135,8 +138,20 @@ def run_child(mode: str, folder: str, epochs: int, spy: tuple[int, str] | None, 
     cmd = [sys.executable, str(script)]
     if spy is not None:
         rate, out = spy
-        cmd = ["py-spy", "record", "--subprocesses", *(["--native"] if native else []), "-r", str(rate), "-f", "raw",
-               "-o", out, "--", *cmd]
+        cmd = [
+            "py-spy",
+            "record",
+            "--subprocesses",
+            *(["--native"] if native else []),
+            "-r",
+            str(rate),
+            "-f",
+            "raw",
+            "-o",
+            out,
+            "--",
+            *cmd,
+        ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -172,11 +187,17 @@ def report_cpu(mode: str, res: dict) -> list[str]:
     counts = Counter(role(p["comm"], p["pid"], root, mode) for p in procs)
     for r, cpu in sorted(by_role.items(), key=lambda kv: -kv[1]):
         parts = ", ".join(
-            f"{t} {c / n * 1e3:.3f}" for t, c in sorted(threads[r].items(), key=lambda kv: -kv[1]) if c / n >= 5e-6
+            f"{t} {c / n * 1e3:.3f}"
+            for t, c in sorted(threads[r].items(), key=lambda kv: -kv[1])
+            if c / n >= 5e-6
         )
         lines.append(f"| {r} | {counts[r]} | {cpu / n * 1e3:.3f} | {parts} |")
     workers = sum(c for r, c in by_role.items() if r in ("aioloader-worker", "DataLoader worker"))
-    lines += ["", f"decode workers' overhead (their CPU minus the decode): {(workers - decode) / n * 1e3:.3f} ms/image", ""]
+    lines += [
+        "",
+        f"decode workers' overhead (their CPU minus the decode): {(workers - decode) / n * 1e3:.3f} ms/image",
+        "",
+    ]
     return lines
 
 
@@ -201,7 +222,11 @@ def report_spy(raw: str, res: dict, mode: str, top: int) -> list[str]:
         leaf = frames[-1] if ".py:" in frames[-1] or not py else f"{frames[-1]} <- {py[-1]}"
         who = roles.get(pid, f"pid {pid} (gone before the snapshot)")
         per[who][leaf] += int(count)
-        for f in {f for f in frames if "aioloader/" in f or "userfns.py" in f or "concurrent/" in f or "multiprocessing/" in f}:
+        for f in {
+            f
+            for f in frames
+            if "aioloader/" in f or "userfns.py" in f or "concurrent/" in f or "multiprocessing/" in f
+        }:
             inclusive[who][f] += int(count)
     lines = []
     for proc, c in sorted(per.items(), key=lambda kv: -sum(kv[1].values())):
@@ -210,7 +235,9 @@ def report_spy(raw: str, res: dict, mode: str, top: int) -> list[str]:
         lines.append("leaf functions (own time):")
         for leaf, k in c.most_common(top):
             lines.append(f"- {k / total:5.1%} {leaf}")
-        lines.append("inclusive (the function and what it calls), aioloader, the user's decode, concurrent, multiprocessing:")
+        lines.append(
+            "inclusive (the function and what it calls), aioloader, the user's decode, concurrent, multiprocessing:"
+        )
         for f, k in inclusive[proc].most_common(top):
             lines.append(f"- {k / total:5.1%} {f}")
         lines.append("")
@@ -224,7 +251,9 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--rate", type=int, default=250)
-    p.add_argument("--native", action="store_true", help="py-spy --native (C frames; idle detection is weaker)")
+    p.add_argument(
+        "--native", action="store_true", help="py-spy --native (C frames; idle detection is weaker)"
+    )
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--out", default=None)
     args = p.parse_args()

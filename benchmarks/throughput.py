@@ -74,6 +74,7 @@ from userfns import (
     DeclaredCrop,
     PeerDataset,
     TimedRead,
+    TreePss,
     batch_len,
     git_describe,
     make_small_files,
@@ -91,10 +92,13 @@ from aioloader.synthetic import make_image_folder
 
 DECODES = ("function", "declared", "image", "tensor", "dict")
 DEFAULT_DECODES = ("function", "declared", "image")
-AIO = "aioloader"
+AIO_DEFAULT = "aioloader, defaults"
+AIO = "aioloader, in-process"
 AIO_PROC = "aioloader, loader process"
+#: --loader-process names: the row's name and the ``loader_process`` passed (None: not passed).
+RUNTIMES = {"auto": (AIO_DEFAULT, None), "off": (AIO, False), "on": (AIO_PROC, True)}
 #: The loaders of this run, in report order (set by main from --loader-process).
-LOADERS: list[str] = ["DataLoader", AIO]
+LOADERS: list[str] = ["DataLoader", AIO_DEFAULT]
 
 
 @dataclass
@@ -131,6 +135,7 @@ class Run:
     main_cpu: float  # this process's CPU seconds (all threads), same span
     tree_cpu: float  # the process tree's CPU seconds, same span
     threads: dict[str, float] = field(default_factory=dict)
+    peak_pss: int = 0  # bytes: the largest PSS sum of the whole process tree, same span
 
     @property
     def samples(self) -> int:
@@ -173,7 +178,9 @@ def measure(make: Callable[[], Any], epochs: int, train_s: float, set_epoch: boo
     counters start before construction. Returns with the loader closed."""
     gc.collect()
     tree0, cpu0, threads0 = tree_cpu(), time.process_time(), thread_cpu()
+    pss = TreePss(every=0.25)  # smaps_rollup of a large process costs ms of kernel time
     t0 = time.perf_counter()
+    pss.start()
     loader = make()
     try:
         eps = []
@@ -182,15 +189,17 @@ def measure(make: Callable[[], Any], epochs: int, train_s: float, set_epoch: boo
                 loader.set_epoch(e)
             eps.append(run_epoch(loader, train_s, origin=t0 if e == 0 else None))
         seconds = time.perf_counter() - t0
-        main_cpu, tree = time.process_time() - cpu0, tree_cpu() - tree0
-        threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu().items()}
+        pss.__exit__()
+        # The sampler's own CPU is the benchmark's, not the loader's.
+        main_cpu, tree = time.process_time() - cpu0 - pss.cpu, tree_cpu() - tree0 - pss.cpu
+        threads = thread_cpu_since(threads0, skip=pss.name)
     finally:
         if isinstance(loader, Loader):
             loader.close()
             stop_fork_server()
         del loader  # DataLoader: the persistent workers stop with its iterator
         gc.collect()
-    return Run(seconds, eps, main_cpu, tree, threads)
+    return Run(seconds, eps, main_cpu, tree, threads, pss.peak)
 
 
 def decode_rate(files: FileDataset, decode: Callable[[bytes], Any], seconds: float) -> float:
@@ -241,17 +250,28 @@ def loadavg() -> str:
         return "?"
 
 
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds of this process's live threads, by name without its number (Linux:
-    ``/proc/self/task/*/schedstat``, nanosecond precision; empty elsewhere)."""
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds of this process's live threads by thread id, with the thread's name
+    without its number (Linux: ``/proc/self/task/*/schedstat``, nanosecond precision;
+    empty elsewhere)."""
     names = {t.native_id: t.name.rstrip("0123456789").rstrip("_-") for t in threading.enumerate()}
-    out: dict[str, float] = defaultdict(float)
+    out: dict[int, tuple[str, float]] = {}
     try:
         for tid in os.listdir("/proc/self/task"):
             with open(f"/proc/self/task/{tid}/schedstat") as f:
-                out[names.get(int(tid), "other (non-Python)")] += int(f.read().split()[0]) / 1e9
+                out[int(tid)] = (names.get(int(tid), "other (non-Python)"), int(f.read().split()[0]) / 1e9)
     except (OSError, ValueError):
         pass
+    return out
+
+
+def thread_cpu_since(before: dict[int, tuple[str, float]], skip: str) -> dict[str, float]:
+    """CPU seconds by thread name since ``before`` (per thread id: a thread of an earlier
+    run still exiting is not charged its whole life), leaving out thread ``skip``."""
+    out: dict[str, float] = defaultdict(float)
+    for tid, (name, cpu) in thread_cpu().items():
+        if name != skip:
+            out[name] += cpu - before.get(tid, (name, 0.0))[1]
     return out
 
 
@@ -299,7 +319,12 @@ def parse_args() -> argparse.Namespace:
         help="measure files/s over --files 4 KB files with decode=None instead of JPEG decodes",
     )
     p.add_argument("--files", type=int, default=20000, help="files for --small-files (%(default)s)")
-    p.add_argument("--workers", type=int, default=usable_cpus(), help="processes for both (%(default)s)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help=f"processes for both (default: DataLoader {usable_cpus()}, the usable CPUs; aioloader its default)",
+    )
     p.add_argument(
         "--peer-workers",
         type=int,
@@ -307,7 +332,12 @@ def parse_args() -> argparse.Namespace:
         help="DataLoader's num_workers when it should differ from --workers (e.g. 8 behind slow reads)",
     )
     p.add_argument("--batch-size", type=int, default=64, help="(%(default)s)")
-    p.add_argument("--io-concurrency", type=int, default=64, help="aioloader reads in flight (%(default)s)")
+    p.add_argument(
+        "--io-concurrency",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="aioloader reads in flight (%(default)s, the library's default)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved measured rounds (%(default)s)")
     p.add_argument("--epochs", type=int, default=2, help="epochs per measurement (%(default)s)")
     p.add_argument("--read-delay-ms", type=float, default=0.0, help="delay every read by L ms (%(default)s)")
@@ -318,9 +348,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="(%(default)s)")
     p.add_argument(
         "--loader-process",
-        choices=["off", "on", "both"],
-        default="both",
-        help="aioloader in the trainer's process (off), with loader_process=True (on), or both (%(default)s)",
+        default="auto,off,on",
+        help="aioloader runtimes, comma-separated: auto (the default, loader_process not passed), off "
+        "(loader_process=False), on (True); 'both' = off,on (%(default)s)",
     )
     p.add_argument(
         "--draft", choices=["on", "off"], default="on", help="ImageDecoder's JPEG draft mode (%(default)s)"
@@ -333,8 +363,20 @@ def parse_args() -> argparse.Namespace:
     )
     args = p.parse_args()
     args.decode = parse_decodes(args.decode, p)
+    runtimes = "off,on" if args.loader_process == "both" else args.loader_process
+    args.runtimes = [r.strip() for r in runtimes.split(",") if r.strip()]
+    if not args.runtimes or any(r not in RUNTIMES for r in args.runtimes):
+        p.error(f"--loader-process {args.loader_process!r}: a comma-separated list of auto, off, on")
     if (
-        min(args.images, args.classes, args.workers, args.batch_size, args.rounds, args.epochs, args.files)
+        min(
+            args.images,
+            args.classes,
+            args.workers or 1,
+            args.batch_size,
+            args.rounds,
+            args.epochs,
+            args.files,
+        )
         < 1
     ):
         p.error(
@@ -410,7 +452,7 @@ def main() -> int:
                 flush=True,
             )
 
-    peer_workers = args.peer_workers or args.workers
+    peer_workers = args.peer_workers or args.workers or cores
 
     def make_peer(w: Workload, r: int) -> Callable[[], DataLoader[Any]]:
         return lambda: DataLoader(
@@ -422,22 +464,23 @@ def main() -> int:
             generator=torch.Generator().manual_seed(args.seed + r),
         )
 
-    def make_aio(w: Workload, r: int, process: bool) -> Callable[[], Loader]:
+    def make_aio(w: Workload, r: int, process: bool | None) -> Callable[[], Loader]:
+        # Only what the user would pass: the library's defaults otherwise.
+        extra: dict[str, Any] = {} if process is None else {"loader_process": process}
+        if args.workers is not None:
+            extra["num_workers"] = args.workers
         return lambda: Loader(
             w.files,
             batch_size=args.batch_size,
             decode=w.decode,
             shuffle=True,
             seed=args.seed + r,
-            num_workers=args.workers,
             io_concurrency=args.io_concurrency,
             read=read if args.read_delay_ms > 0 else None,  # the library's own reads otherwise
-            loader_process=process,
+            **extra,
         )
 
-    aio = [(AIO, False)] if args.loader_process == "off" else [(AIO_PROC, True)]
-    if args.loader_process == "both":
-        aio.insert(0, (AIO, False))
+    aio = [RUNTIMES[r] for r in args.runtimes]
     LOADERS[:] = ["DataLoader", *(name for name, _ in aio)]
 
     runs: dict[tuple[str, str], list[Run]] = defaultdict(list)
@@ -465,7 +508,8 @@ def main() -> int:
     print()
     print("\n".join(machine()))
     print(
-        f"- workload: {data_line}; batch {args.batch_size}, shuffled; aioloader {args.workers} worker "
+        f"- workload: {data_line}; batch {args.batch_size}, shuffled; aioloader "
+        f"{args.workers or 'default (' + str(cores) + ')'} worker "
         f"processes, DataLoader {peer_workers} (persistent_workers=True); read delay {args.read_delay_ms:g} ms; "
         f"aioloader io_concurrency {args.io_concurrency}"
     )
@@ -486,6 +530,8 @@ def main() -> int:
     )
     print()
     print_throughput(loads, runs, cores, unit="files" if args.small_files else "samples")
+    print()
+    print_cost(loads, runs, unit="files" if args.small_files else "samples")
     print()
     print("aioloader main-process CPU by thread, ms/batch (median over rounds, start-up included):")
     for w in loads:
@@ -538,6 +584,39 @@ def print_throughput(
         "epoch; epoch 2: that epoch alone (warm). vs DataLoader: above 1 is better. Machine CPU: user+sys of the whole process tree "
         "(trainer, fork server, workers; 10 ms ticks). Main-process CPU: the trainer's process, all its "
         "threads. Both span start-up and every epoch."
+    )
+
+
+def print_cost(loads: list[Workload], runs: dict[tuple[str, str], list[Run]], unit: str) -> None:
+    """What each loader costs beside the decode: machine CPU per sample minus the decode's
+    one-core cost measured in this run (the loader's own overhead, start-up included), the
+    trainer's process per batch, and the peak PSS of the whole process tree."""
+    print(
+        f"| decode | loader | machine CPU ms/{unit[:-1]} | decode alone, one core, ms | overhead ms/{unit[:-1]} "
+        "| overhead vs DataLoader | trainer-process CPU ms/batch | peak PSS, whole tree, MiB | PSS vs DataLoader |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for w in loads:
+        decode_ms = 1e3 / w.rate if w.decode is not None else 0.0
+        peer = runs[w.name, "DataLoader"]
+        peer_over = med(x.tree_cpu / x.samples for x in peer) * 1e3 - decode_ms
+        peer_pss = med(x.peak_pss for x in peer)
+        for name in LOADERS:
+            rs = runs[w.name, name]
+            cpu = med(x.tree_cpu / x.samples for x in rs) * 1e3
+            pss = med(x.peak_pss for x in rs)
+            print(
+                f"| {w.name} | {name} | {cpu:.3f} | {decode_ms:.3f} | {cpu - decode_ms:.3f} "
+                f"| {(cpu - decode_ms) / peer_over:.2f}x | {med(x.main_cpu / x.batches for x in rs) * 1e3:.1f} "
+                f"| {pss / 2**20:.0f} | {pss / peer_pss:.2f}x |"
+            )
+    print(
+        f"\nOverhead: the whole process tree's CPU per {unit[:-1]} (start-up included) minus what the decode "
+        "alone costs on one core, measured at the start of this run (0 without a decode): what the loader "
+        "itself costs. Two decodes running at once on this machine's two cores are each a few % slower than "
+        "one alone, so part of every loader's overhead is that contention. Peak PSS: the largest sum over "
+        "the trainer and all its descendants (/proc/<pid>/smaps_rollup, sampled every 20 ms; shared pages "
+        "split between their holders, so shared memory counts once). Below 1x is better for both."
     )
 
 

@@ -16,6 +16,7 @@ import io
 import math
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -218,6 +219,69 @@ def tree_cpu() -> float:
         total += stats.get(pid, (0, 0.0))[1]
         todo.extend(children.get(pid, ()))
     return total
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process under it, alive now (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of ``pid`` (``/proc/<pid>/smaps_rollup``): each shared page
+    split between the processes that map it, so shared memory summed over a process tree
+    counts once. 0 for a process gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class TreePss(threading.Thread):
+    """Samples the PSS of this process and all its descendants every ``every`` seconds
+    while running; ``peak`` is the largest sum seen (bytes), ``cpu`` the CPU seconds the
+    sampling itself cost (subtract it from the measured process's CPU)."""
+
+    def __init__(self, every: float = 0.02) -> None:
+        super().__init__(name="pss-sampler", daemon=True)
+        self.every = every
+        self.peak = 0
+        self.cpu = 0.0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        me = os.getpid()
+        while True:
+            self.peak = max(self.peak, sum(pss_bytes(p) for p in descendants(me)))
+            self.cpu = time.thread_time()
+            if self._stop_event.wait(self.every):
+                return
+
+    def __enter__(self) -> TreePss:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop_event.set()
+        self.join()
 
 
 def trivial_decode(data: bytes) -> np.ndarray:
