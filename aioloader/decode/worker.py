@@ -35,7 +35,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
-from aioloader.base import sendable
+from aioloader.base import heap, sendable
 from aioloader.decode.layout import ALIGN, ArraySpec, SlabLayout, describe
 from aioloader.decode.protocol import (
     ArrayRef,
@@ -62,6 +62,7 @@ _local = threading.local()
 # process unmaps it.
 _maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 _MAX_MAPS = 24
+_trim = heap.BurstTrim()
 
 
 def sample_rng() -> np.random.Generator:
@@ -147,7 +148,12 @@ def run_chunk(chunk: Chunk) -> list[RowResult]:
     except OSError as exc:  # nothing is written: the slab may be another one's fd by now
         error = OSError(exc.errno, f"cannot map the batch's shared memory in the worker: {exc}")
         return [Failed(error, "") for _ in chunk.items]
-    return decode_chunk(m, chunk, _decode)
+    results = decode_chunk(m, chunk, _decode)
+    # Samples pickled back (before the layout is learned) leave megabytes in this worker's
+    # heap: given back once they fit the slab (aioloader/base/heap.py).
+    if _trim.saw(any(isinstance(r, Pickled) for r in results)):
+        heap.trim()
+    return results
 
 
 def decode_chunk(m: mmap.mmap | None, chunk: Chunk, decode: Callable[[bytes], Any] | None) -> list[RowResult]:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
@@ -92,6 +93,7 @@ class Engine:
             dataset.labels, slabs, config.collate, config.zero_copy, collate_pool, counters.meters["collate"]
         )
         self._layout = LayoutTracker(declared_layout(config.decode))
+        self._trim = heap.BurstTrim()
         self._sizes = _SizeTracker(config.batch_size)
         self._plan_slabs()
         # Samples per decode task: one round trip to a worker is amortised over a chunk, and
@@ -276,6 +278,10 @@ class Engine:
         if misses or not self._layout.known:
             self._layout.observe(misses, fitted, slab.layout.sample)
         self._plan_slabs()
+        # Samples that crossed from the workers pickled leave megabytes in this process's
+        # malloc arenas (aioloader/base/heap.py): given back once the batches fit the slabs.
+        if self._trim.saw(any(isinstance(r, Pickled) for r in results)):
+            heap.trim()
 
 
 def window_size(io_concurrency: int, batch_size: int) -> int:

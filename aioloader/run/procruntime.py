@@ -24,6 +24,7 @@ from multiprocessing import connection, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any
 
+from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
@@ -48,6 +49,11 @@ class NoZygote(Exception):
     """No zygote can be made here: the loader runs in the trainer's process instead."""
 
 
+#: A message at least this large carried a batch's samples pickled (a zero-copy batch's
+#: message is a few hundred bytes per leaf).
+_LARGE = 1 << 20
+
+
 class _Channel:
     """The trainer's ends of the two channels (see :mod:`aioloader.run.loaderproc`)."""
 
@@ -64,6 +70,9 @@ class _Channel:
         self._back_open = True
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        # Batches that crossed pickled (before the layout is learned) leave megabytes in the
+        # bridge thread's malloc arena: given back once zero-copy batches follow them.
+        self._trim = heap.BurstTrim()
 
     def control(self, msg: tuple[Any, ...]) -> None:
         """Send ``msg`` to the loader process (any thread); lost if it is gone."""
@@ -105,10 +114,14 @@ class _Channel:
                     pass
                 return None
             try:
-                msg: tuple[Any, ...] = pickle.loads(self.conn.recv_bytes())
+                data = self.conn.recv_bytes()
             except (EOFError, OSError):
                 self.eof = True
                 return None
+            msg: tuple[Any, ...] = pickle.loads(data)
+            if self._trim.saw(len(data) >= _LARGE):
+                del data
+                heap.trim()
             if msg[0] == "log":
                 record: logging.LogRecord = msg[1]
                 logging.getLogger(record.name).handle(record)
