@@ -40,6 +40,7 @@ from helpers import (
 
 from aioloader import DecodeError, Loader, LoaderError, ReadError
 from aioloader.decode.slabs import shm_available
+from aioloader.run.wire import SPILL_BYTES
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
 
@@ -239,6 +240,55 @@ def test_numpy_from_a_custom_collate_arrives_as_tensors(numbered: list[str]) -> 
         batches = list(loader)
     assert all(isinstance(b, torch.Tensor) and b.shape[1:] == (3, 4, 5) for b in batches)
     assert [n for b in batches for n in numbers(b)] == list(range(37))
+
+
+def spilled(pid: int) -> set[str]:
+    """The one-shot segments (``aioloader-<pid>-s<n>-...``) loader process ``pid`` holds."""
+    return {name for name in memfd_slabs(pid) if name.startswith(f"aioloader-{pid}-s")}
+
+
+class BigCollate:
+    """A custom collate that builds a new, large tensor (as users' collate functions do):
+    each sample's number repeated over 128 KiB of int32: 2 MiB a batch of 16, 640 KiB the
+    last batch of 5."""
+
+    def __call__(self, samples: list[np.ndarray]) -> dict[str, Any]:
+        n = torch.tensor([int(s.reshape(-1)[0]) for s in samples])
+        return {"big": n[:, None].repeat(1, 1 << 15).to(torch.int32), "n": n}
+
+
+def test_large_tensors_a_collate_builds_cross_through_shared_memory(numbered: list[str]) -> None:
+    """Not the pipe: one copy in the loader process into a one-shot segment the trainer
+    maps; each segment goes when the trainer lets go of its batch, and at close."""
+    with Loader(
+        numbered, batch_size=16, decode=number_image, collate=BigCollate(), num_workers=2, loader_process=True
+    ) as loader:
+        pid = loader_pid()
+        for _ in range(2):
+            batches = list(loader)
+            assert sorted(int(v) for b in batches for v in b["n"]) == list(range(37))
+            for b in batches:
+                assert torch.equal(b["big"][:, -1], b["n"].to(torch.int32))
+                name = shm_mapping(b["big"], maker=pid)
+                if b["big"].nbytes >= SPILL_BYTES:
+                    assert name is not None and name.startswith(f"aioloader-{pid}-s")
+                else:
+                    assert name is None  # smaller: cheaper pickled
+                assert shm_mapping(b["n"], maker=pid) is None
+            kept = batches[0]
+            del batches, b
+            gc.collect()
+        # The loader process closes a spilled segment once the trainer lets go of its batch:
+        # only the one batch still held keeps one.
+        deadline = time.monotonic() + 10
+        while len(spilled(pid)) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(spilled(pid)) == 1
+    assert is_gone(pid)
+    assert torch.equal(kept["big"][:, 0], kept["n"].to(torch.int32))  # held batches stay valid after close
+    del kept
+    gc.collect()
+    assert slab_mappings() == []
 
 
 def test_without_a_zygote_it_loads_in_process_and_says_so(tmp_path: Path, numbered: list[str]) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from aioloader.decode.segments import SegmentHandle
 from aioloader.errors import ReadError
-from aioloader.run.wire import Located, SlabRef, decode, encode, pack_error, unpack_error
+from aioloader.run.wire import Located, SlabRef, decode, encode, pack_error, spill, unpack_error
 
 SLAB = SegmentHandle("aioloader-1-0-abcd", "/proc/1/fd/7", 1, 2)
 
@@ -118,3 +118,39 @@ class Unpicklable(Exception):
 def test_an_unpicklable_error_still_arrives_as_its_text() -> None:
     err = unpack_error(pickle.loads(pickle.dumps(pack_error(Unpicklable("bad thing")))))
     assert "Unpicklable: bad thing" in str(err)
+
+
+class _Made:
+    """What :func:`spill` needs of a segment: a mapping and a handle."""
+
+    def __init__(self, nbytes: int, n: int) -> None:
+        self.mmap = mmap.mmap(-1, nbytes)
+        self.handle = SegmentHandle(f"aioloader-1-s{n}-abcd", f"/proc/1/fd/{10 + n}", 1, 3 + n)
+
+
+def test_large_leaves_of_ordinary_memory_are_spilled_into_segments() -> None:
+    """What a custom collate built crosses through a one-shot segment (one copy, mapped by
+    the trainer), not the pipe; small leaves and slab views are left alone."""
+    big_t = torch.arange(6 * 256 * 256, dtype=torch.int32).reshape(6, 256, 256).transpose(1, 2)  # 1.5 MiB
+    big_a = np.arange(1 << 18, dtype=np.float64).reshape(512, 512)  # 2 MiB
+    small = torch.arange(10)
+    m = mmap.mmap(-1, 1 << 16)
+    in_slab = np.frombuffer(m, dtype=np.uint8)[:100]
+    value = {"t": big_t, "a": big_a, "small": small, "slab": in_slab}
+    treedef, leaves, handles = encode(value, [Located(SLAB, address(m), len(m))])
+    made: list[_Made] = []
+    segments = spill(leaves, handles, lambda n: made.append(_Made(n, len(made))) or made[-1])
+    assert segments == made and len(made) == 2
+    assert [h.name for h in handles] == [SLAB.name, *(s.handle.name for s in made)]
+    assert [type(x).__name__ for x in leaves] == ["SlabRef", "SlabRef", "Tensor", "SlabRef"]
+    treedef, leaves, handles = pickle.loads(pickle.dumps((treedef, leaves, handles)))
+    released: list[int] = []
+    back = decode(treedef, leaves, [m, *(s.mmap for s in made)], released.append)
+    assert torch.equal(back["t"], big_t) and back["t"].is_contiguous() and inside(back["t"], made[0].mmap)
+    assert np.array_equal(back["a"], big_a) and inside(back["a"], made[1].mmap)
+    assert torch.equal(back["small"], small) and np.array_equal(back["slab"], in_slab)
+    big_t.zero_()  # a copy: what the loader process does next does not show in the trainer
+    assert back["t"].sum() > 0
+    del back
+    gc.collect()
+    assert sorted(released) == [0, 1, 2]

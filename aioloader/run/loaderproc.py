@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import multiprocessing as mp
 import os
 import pickle
+import secrets
 import signal
 import threading
 from collections import defaultdict, deque
@@ -38,12 +40,14 @@ from aioloader.base.items import Batch, End, Failure, Item
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode import zygote
+from aioloader.decode.segments import Segment, choose_kind
+from aioloader.decode.slabs import PREFIX
 from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint, plan_for
 from aioloader.read.urls import is_remote
 from aioloader.run.pipeline import Pipeline, build
-from aioloader.run.wire import Located, encode, pack_error
+from aioloader.run.wire import Located, encode, pack_error, spill
 from aioloader.safety import lifeline
 
 __all__ = ["main"]
@@ -147,6 +151,12 @@ class Host:
         # The values of batches the trainer still views, by slab name.
         self.held: defaultdict[str, deque[Any]] = defaultdict(deque)
         self._partial = b""
+        # Where spilled leaves go (aioloader/run/wire.py): as the slabs do, or nowhere.
+        try:
+            self._kind = choose_kind()
+        except LoaderError:  # a bad AIOLOADER_SLABS: the pipeline's build reports it
+            self._kind = None
+        self._spills = itertools.count()
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -176,6 +186,10 @@ class Host:
                 t.cancel()
             if tasks:
                 await asyncio.wait(tasks, timeout=5)
+            for values in self.held.values():
+                for value in values:
+                    if isinstance(value, Segment):
+                        value.close()
             self.held.clear()
             try:
                 await asyncio.wait_for(self.parts.reader.aclose(), timeout=2.0)
@@ -218,9 +232,13 @@ class Host:
         for line in lines:
             kind, _, arg = line.partition(b" ")
             if kind == b"R":
-                values = self.held.get(arg.decode())
+                name = arg.decode()
+                values = self.held.get(name)
                 if values:
-                    values.popleft()  # its views go: the slab returns to the pool
+                    value = values.popleft()  # its views go: the slab returns to the pool
+                    if isinstance(value, Segment):
+                        value.close()
+                        del self.held[name]
             elif kind == b"C" and int(arg) == self.run_id and self.credits is not None:
                 self.credits.release()
 
@@ -273,6 +291,7 @@ class Host:
         slabs = self.parts.slabs.live_slabs() if self.parts is not None and self.parts.slabs else []
         located = [Located(s.handle, s.address, s.layout.size) for s in slabs]
         treedef, leaves, handles = encode(item.value, located)
+        spilled = spill(leaves, handles, self._segment) if self._kind is not None else []
         msg = ("item", run_id, item.index, item.size, item.done, treedef, leaves, handles, counts)
         try:
             data = pickle.dumps(msg, protocol=5)
@@ -282,7 +301,17 @@ class Host:
                 f"(loader_process=True): {type(exc).__name__}: {exc}"
             )
             self.send(("fail", run_id, pack_error(err), counts))
+            for segment in spilled:
+                segment.close()
             return
-        for handle in handles:
+        for handle in handles[: len(handles) - len(spilled)]:
             self.held[handle.name].append(item.value)
+        for segment in spilled:  # one-shot: closed when the trainer lets go of it
+            self.held[segment.handle.name].append(segment)
         self.send.raw(data)
+
+    def _segment(self, nbytes: int) -> Segment:
+        """A one-shot segment for :func:`~aioloader.run.wire.spill`."""
+        assert self._kind is not None
+        name = f"{PREFIX}{os.getpid()}-s{next(self._spills)}-{secrets.token_hex(4)}"
+        return Segment(name, nbytes, self._kind)

@@ -1,8 +1,10 @@
 """How a batch crosses from the loader process to the trainer's (``loader_process=True``).
 
 A batch's arrays and tensors that view one of the loader's shared-memory slabs travel as
-:class:`SlabRef` (which slab, where in it, shape, strides, dtype); everything else (labels,
-strings, arrays of ordinary memory) travels pickled, and so do the handles of the slabs used
+:class:`SlabRef` (which slab, where in it, shape, strides, dtype); so does an array of ordinary memory of
+1 MiB or more (a custom ``collate``'s output), copied once into a one-shot segment of its own
+(:func:`spill`); everything else (labels, strings, small arrays) travels pickled, and so do
+the handles of the slabs used
 (:class:`~aioloader.decode.segments.SegmentHandle`: name, path, inode). The trainer maps each slab
 (once: the mapping is cached under the slab's unique name, :class:`SlabMaps`) and rebuilds
 each leaf as a view of it, so a batch of any size costs the pipe a few hundred bytes and no
@@ -38,7 +40,21 @@ from aioloader.base.tree import TreeDef, flatten, unflatten
 from aioloader.decode.segments import SegmentHandle, attach
 from aioloader.errors import LoaderError
 
-__all__ = ["Located", "SlabMaps", "SlabRef", "decode", "encode", "pack_error", "unpack_error"]
+__all__ = [
+    "SPILL_BYTES",
+    "Located",
+    "SlabMaps",
+    "SlabRef",
+    "decode",
+    "encode",
+    "pack_error",
+    "spill",
+    "unpack_error",
+]
+
+#: An array leaf of ordinary memory at least this large crosses through a one-shot segment
+#: (:func:`spill`); smaller ones are cheaper pickled.
+SPILL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,49 @@ def encode(value: Any, slabs: list[Located]) -> tuple[TreeDef, list[Any], list[S
                     break
         out.append(leaf if ref is None else ref)
     return treedef, out, handles
+
+
+def spill(leaves: list[Any], handles: list[SegmentHandle], make: Callable[[int], Any]) -> list[Any]:
+    """Copy each array leaf of ordinary memory of at least :data:`SPILL_BYTES` (what a
+    custom ``collate`` built, say) into a new segment ``make(nbytes)`` (a
+    :class:`~aioloader.decode.segments.Segment`), replacing it in ``leaves`` by a
+    :class:`SlabRef` and adding the segment's handle to ``handles``; returns the segments made.
+
+    Pickled, such a leaf would be copied three times (into the pickle, through the pipe,
+    out of it) and the last copy would hold the GIL of the trainer's process; spilled, it
+    is copied once, in the loader process, and mapped by the trainer, as DataLoader's
+    workers hand batches over in shared memory."""
+    made: list[Any] = []
+    for i, leaf in enumerate(leaves):
+        d = None if isinstance(leaf, SlabRef) else _describe(leaf)
+        if d is None:
+            continue
+        _, shape, _, dtype, itemsize, is_torch = d
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        if nbytes < SPILL_BYTES:
+            continue
+        segment = make(nbytes)
+        made.append(segment)
+        dest = np.frombuffer(segment.mmap, dtype=np.uint8, count=nbytes)
+        if is_torch:
+            torch = sys.modules["torch"]
+            torch.from_numpy(dest).view(leaf.dtype).view(leaf.shape).copy_(leaf)
+        else:
+            np.copyto(dest.view(leaf.dtype).reshape(shape), leaf, casting="no")
+        del dest
+        strides = tuple(int(x) * itemsize for x in _contiguous(shape))
+        handles.append(segment.handle)
+        leaves[i] = SlabRef(len(handles) - 1, 0, shape, strides, dtype, is_torch)
+    return made
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-order strides of ``shape``, in elements."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
 
 
 class _Owner(np.ndarray):
