@@ -10,6 +10,12 @@ on-GPU train step. Skips cleanly (exit 0) without CUDA; asserts nothing about ti
     from tiny files, so the data side is fast and only the copy is under test.
 
     python benchmarks/gpu_overlap.py [--steps 60] [--train-ms 20] [--matrix 4096 2048]
+                                     [--loader-process auto,off,on]
+
+(b) runs each aioloader runtime asked for (``--loader-process``) in the same interleaved
+rounds: the default, in the trainer's process (``False``: the loop, reads and collate share
+the trainer's GIL) and in a loader process (``True``: the trainer's process keeps only the
+bridging thread).
 """
 
 from __future__ import annotations
@@ -128,9 +134,19 @@ def make_train_step(dev: torch.device, train_ms: float, matrix: int) -> Any:
         k = max(k + 1, int(k * train_ms / 1e3 / max(per, 1e-6)))
 
 
+#: --loader-process names: the ``loader_process`` passed (None: not passed, the default).
+RUNTIMES: dict[str, bool | None] = {"auto": None, "off": False, "on": True}
+
+
 def overlap(
-    batch: int, steps: int, train_ms: float, matrix: int, dev: torch.device, folder: str
-) -> dict[str, float]:
+    batch: int,
+    steps: int,
+    train_ms: float,
+    matrix: int,
+    dev: torch.device,
+    folder: str,
+    runtimes: list[str],
+) -> dict[str, Any]:
     paths = []
     files_per_batch = 4
     for i in range(files_per_batch * (steps + 2)):
@@ -149,7 +165,9 @@ def overlap(
     torch.cuda.synchronize()
     t_copy = (time.perf_counter() - t0) / 10
 
-    def run(device: str | None) -> float:
+    def run(device: str | None, runtime: str = "auto") -> float:
+        process = RUNTIMES[runtime]
+        extra: dict[str, Any] = {} if process is None else {"loader_process": process}
         with Loader(
             paths,
             batch_size=files_per_batch,
@@ -157,6 +175,7 @@ def overlap(
             collate=MakeBatch(batch),
             device=device,
             prefetch=3,
+            **extra,
         ) as loader:
             it = iter(loader)
             for _ in range(2):  # warm-up
@@ -182,18 +201,20 @@ def overlap(
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) / steps
 
-    rounds = [(train_alone(), run(None), run(str(dev))) for _ in range(3)]  # interleaved
-    t_train, sync, aio = (sorted(r[i] for r in rounds)[1] for i in range(3))  # medians
+    rounds = [
+        (train_alone(), run(None), *(run(str(dev), r) for r in runtimes)) for _ in range(3)
+    ]  # interleaved
+    t_train, sync, *aio = (sorted(r[i] for r in rounds)[1] for i in range(2 + len(runtimes)))  # medians
     # The trainer's data stall is (step time - train alone); the synchronous way's stall is
     # the copy plus the launch gap it opens. "Hidden" is the share of that stall removed.
-    hidden = 1 - max(0.0, aio - t_train) / max(sync - t_train, 1e-9)
+    hidden = [1 - max(0.0, a - t_train) / max(sync - t_train, 1e-9) for a in aio]
     launches = 2 * k / (t_train * 1e3)  # a matmul and a tanh per round
     return {
         "t_train": t_train,
         "t_copy": t_copy,
         "sync": sync,
-        "aio": aio,
-        "hidden": hidden,
+        "aio": dict(zip(runtimes, aio, strict=True)),
+        "hidden": dict(zip(runtimes, hidden, strict=True)),
         "launches": launches,
     }
 
@@ -213,7 +234,16 @@ def main() -> int:
         default=None,
         help="sys.setswitchinterval seconds (default: Python's 0.005), to see GIL hand-off effects",
     )
+    parser.add_argument(
+        "--loader-process",
+        default="auto,off,on",
+        help="aioloader runtimes to compare, comma-separated: auto (the default, loader_process not "
+        "passed), off (False: in the trainer's process), on (True) (%(default)s)",
+    )
     args = parser.parse_args()
+    runtimes = [r.strip() for r in args.loader_process.split(",") if r.strip()]
+    if not runtimes or any(r not in RUNTIMES for r in runtimes):
+        parser.error(f"--loader-process {args.loader_process!r}: a comma-separated list of auto, off, on")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     if not torch.cuda.is_available():
@@ -241,17 +271,21 @@ def main() -> int:
         )
     print(f"\n## (b) train step of ~{args.train_ms:g} ms fed by the loader, ms per step ({args.steps} steps)")
     print(
-        "| step matmul | kernels/ms | batch | train alone | sync .to() copy alone | DataLoader-style: .to() then train | aioloader device=cuda | speedup | stall hidden |"
+        "| step matmul | kernels/ms | batch | train alone | sync .to() copy alone | DataLoader-style: .to() then train "
+        "| aioloader device=cuda | loader_process | speedup | stall hidden |"
     )
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    names = {"auto": "default", "off": "False", "on": "True"}
     with tempfile.TemporaryDirectory() as folder:
         for matrix in args.matrix:
             for batch in (64, 256):
-                r = overlap(batch, args.steps, args.train_ms, matrix, dev, folder)
-                print(
-                    f"| {matrix}x{matrix} | {r['launches']:.0f} | {batch} | {ms(r['t_train'])} | {ms(r['t_copy'])} | "
-                    f"{ms(r['sync'])} | {ms(r['aio'])} | {r['sync'] / r['aio']:.2f}x | {r['hidden']:.0%} |"
-                )
+                r = overlap(batch, args.steps, args.train_ms, matrix, dev, folder, runtimes)
+                for rt in runtimes:
+                    print(
+                        f"| {matrix}x{matrix} | {r['launches']:.0f} | {batch} | {ms(r['t_train'])} | {ms(r['t_copy'])} | "
+                        f"{ms(r['sync'])} | {ms(r['aio'][rt])} | {names[rt]} | {r['sync'] / r['aio'][rt]:.2f}x "
+                        f"| {r['hidden'][rt]:.0%} |"
+                    )
     return 0
 
 
