@@ -69,7 +69,7 @@ class Loader:
             its own; one that cannot be sent (it holds a lock or a socket) is a
             ``ValueError`` here.
         collate: ``list of samples -> batch``; default :func:`default_collate`. Runs on the
-            loader's collate thread.
+            loader's collate thread, in the loader process by default (``loader_process``).
         shuffle, seed: the order of each epoch depends only on ``(seed, epoch)``.
         drop_last: leave out the last batch if it is partial. With ``on_error="skip"`` (and
             the default collate, ``ordered=True``), batches that lost samples are topped up
@@ -100,7 +100,8 @@ class Loader:
             attempted reaches 100, and at the end of each epoch, where the error comes after
             all the epoch's batches (so failures that all came early are judged too).
         read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
-            file (another store, or injected delays and faults); must be thread-safe.
+            file (another store, or injected delays and faults); must be thread-safe. In the
+            loader process by default (``loader_process``).
         zero_copy: decoded arrays and tensors (alone or nested in dicts, tuples, lists) are
             written by the workers into shared-memory batch slabs; once the loader has learned
             the samples' layout (from the first batch, or a declared ``output_shape``), each
