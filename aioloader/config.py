@@ -6,6 +6,7 @@ Every argument error names the argument and shows the value, e.g.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,9 +16,13 @@ import torch
 from aioloader.base import sendable
 from aioloader.read.backends import StorageBackend, resolve
 
-__all__ = ["AUTO_IO_START", "LoaderConfig", "resolve_device", "resolve_rank", "usable_cpus"]
+__all__ = ["AUTO_IO_START", "LoaderConfig", "LoaderProcess", "resolve_device", "resolve_rank", "usable_cpus"]
+
+logger = logging.getLogger("aioloader")
 
 OnError = Literal["raise", "skip"]
+#: ``loader_process``: ``"auto"`` (a loader process wherever one can be made), True or False.
+LoaderProcess = bool | Literal["auto"]
 #: Reads in flight an ``io_concurrency="auto"`` loader starts with (:mod:`aioloader.tune.rules` moves it).
 AUTO_IO_START = 64
 
@@ -135,7 +140,13 @@ class LoaderConfig:
     rank: int = 0
     world_size: int = 1
     pad_shards: bool = True
+    #: Whether this loader starts in a loader process: ``loader_process=True``, or ``"auto"``
+    #: with ``read`` and ``collate`` sendable. Where no zygote can be made it loads
+    #: in-process all the same (:mod:`aioloader.run.start`).
     loader_process: bool = False
+    #: ``loader_process="auto"``: a loader process that cannot be made, or callables that
+    #: cannot be sent there, mean in-process without a warning.
+    process_auto: bool = False
     #: fsspec options for remote URLs; never shown (credentials).
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     #: the client of remote reads (:mod:`aioloader.read.backends`).
@@ -147,7 +158,7 @@ class LoaderConfig:
     #: ``num_workers="auto"``: ``num_workers`` processes, of which the tuner lets some decode.
     workers_auto: bool = False
     #: The callables that run in other processes, pickled by value once (:mod:`aioloader.base.sendable`):
-    #: ``decode`` always, ``read`` and ``collate`` with ``loader_process``.
+    #: ``decode`` always, ``read`` and ``collate`` when ``loader_process`` is True.
     sent: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -166,6 +177,11 @@ class LoaderConfig:
     @property
     def autotuned(self) -> bool:
         return self.io_auto or self.workers_auto
+
+    @property
+    def loader_process_asked(self) -> LoaderProcess:
+        """``loader_process`` as it was given: ``"auto"``, True or False."""
+        return "auto" if self.process_auto else self.loader_process
 
     @classmethod
     def create(
@@ -193,7 +209,7 @@ class LoaderConfig:
         rank: object = None,
         world_size: object = None,
         pad_shards: object = True,
-        loader_process: object = False,
+        loader_process: object = "auto",
         storage_options: object = None,
         storage_backend: object = "auto",
         progress: object = False,
@@ -212,11 +228,12 @@ class LoaderConfig:
             ("ordered", ordered),
             ("zero_copy", zero_copy),
             ("pad_shards", pad_shards),
-            ("loader_process", loader_process),
         )
         for name, flag in flags:
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}={flag!r} must be True or False")
+        if not (isinstance(loader_process, bool) or loader_process == "auto"):
+            raise ValueError(f"loader_process={loader_process!r} must be 'auto', True or False")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be a non-negative integer")
         workers_auto = num_workers == "auto"
@@ -269,16 +286,28 @@ class LoaderConfig:
                 f"storage_options must be a dict (fsspec's options, or one per protocol), "
                 f"got {type(storage_options).__name__}"
             )
-        backend = resolve(storage_backend, bool(loader_process))
         if progress not in (True, False, "always") or not isinstance(progress, (bool, str)):
             raise ValueError(f"progress={progress!r} must be True, False or 'always'")
         sent = {}
         if decode is not None:
             sent["decode"] = sendable.dumps(decode, "decode", "the decode worker processes")
-        if loader_process:
-            for name, value in (("read", read), ("collate", collate)):
-                if value is not None:
-                    sent[name] = sendable.dumps(value, name, "the loader process (loader_process=True)")
+        process_auto = loader_process == "auto"
+        process = loader_process is True or process_auto
+        if process:
+            try:
+                for name, value in (("read", read), ("collate", collate)):
+                    if value is not None:
+                        where = f"the loader process (loader_process={loader_process!r})"
+                        sent[name] = sendable.dumps(value, name, where)
+            except ValueError as exc:
+                # "auto" runs them in-process, where they need not be sent; obstore would
+                # then be refused below with a reason less to the point than this one.
+                if not process_auto or storage_backend == "obstore":
+                    raise
+                logger.debug("loader_process='auto': loading in-process: %s", exc)
+                process = False
+                sent.pop("read", None)
+        backend = resolve(storage_backend, process)
         return cls(
             batch_size=bs,
             decode=decode,
@@ -302,7 +331,8 @@ class LoaderConfig:
             rank=the_rank,
             world_size=the_world,
             pad_shards=bool(pad_shards),
-            loader_process=bool(loader_process),
+            loader_process=process,
+            process_auto=process_auto,
             storage_options=dict(storage_options) if storage_options is not None else None,
             storage_backend=backend,
             progress=progress,

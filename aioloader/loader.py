@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 
 from aioloader.base.threads import in_thread
-from aioloader.config import LoaderConfig, OnError
+from aioloader.config import LoaderConfig, LoaderProcess, OnError
 from aioloader.dataset import FileDataset, StrPath
 from aioloader.decode.image import ImageDecoder
 from aioloader.errors import LoaderClosedError
@@ -69,7 +69,7 @@ class Loader:
             its own; one that cannot be sent (it holds a lock or a socket) is a
             ``ValueError`` here.
         collate: ``list of samples -> batch``; default :func:`default_collate`. Runs on the
-            loader's collate thread.
+            loader's collate thread, in the loader process by default (``loader_process``).
         shuffle, seed: the order of each epoch depends only on ``(seed, epoch)``.
         drop_last: leave out the last batch if it is partial. With ``on_error="skip"`` (and
             the default collate, ``ordered=True``), batches that lost samples are topped up
@@ -100,7 +100,8 @@ class Loader:
             attempted reaches 100, and at the end of each epoch, where the error comes after
             all the epoch's batches (so failures that all came early are judged too).
         read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
-            file (another store, or injected delays and faults); must be thread-safe.
+            file (another store, or injected delays and faults); must be thread-safe. In the
+            loader process by default (``loader_process``).
         zero_copy: decoded arrays and tensors (alone or nested in dicts, tuples, lists) are
             written by the workers into shared-memory batch slabs; once the loader has learned
             the samples' layout (from the first batch, or a declared ``output_shape``), each
@@ -121,25 +122,33 @@ class Loader:
             batches.
         pad_shards: make shards equal by repeating a few samples (default, like
             ``DistributedSampler``), or by dropping the tail that does not fill a round.
-        loader_process: run the event loop, the reads, the decode pool and ``collate`` in a
-            loader process of their own (forked by the zygote, so it starts in
-            milliseconds); the trainer's process keeps only the bridging thread, and batches
-            cross as references to their shared-memory slabs. This takes the loader's
-            per-batch CPU out of the trainer's process (its GIL included). ``read`` and
-            ``collate`` are then sent there by value like ``decode`` (any callable that can
-            be sent), and run in that process: state they change is not the trainer's. Arrays a
-            custom ``collate`` makes anew (not views of its samples) cross the pipe pickled,
-            a copy. Where no zygote can be made (see :mod:`aioloader.decode.zygote`), the
-            loader runs in-process and logs a warning.
+        loader_process: where the event loop, the reads, the decode pool and ``collate``
+            run. ``"auto"`` (default): in a loader process of their own (forked by the
+            zygote, so it starts in milliseconds) wherever a zygote can be made; the
+            trainer's process keeps only the bridging thread, and batches cross as
+            references to their shared-memory slabs. This takes the loader's per-batch CPU
+            out of the trainer's process (its GIL included). ``read`` and ``collate`` are
+            then sent there by value like ``decode`` (any callable that can be sent), and run
+            in that process: state they change is not the trainer's. Arrays a custom
+            ``collate`` makes anew (not views of its samples) cross the pipe pickled, a copy.
+            Where no zygote can be made (see :mod:`aioloader.decode.zygote`), or ``read`` or
+            ``collate`` cannot be sent, ``"auto"`` loads in-process, silently (a DEBUG
+            line on the ``aioloader`` logger). ``True`` insists: a ``read`` or ``collate``
+            that cannot be sent is a ``ValueError``, and where no zygote can be made the
+            loader runs in-process with a WARNING. ``False`` runs them in the trainer's
+            process, on the ``aioloader-loop`` thread: for a ``read`` or ``collate`` that must
+            share state with the trainer, or to debug them with ``pdb`` or breakpoints.
+            :attr:`runtime` says where a started loader runs.
         storage_options: for ``s3://``, ``gs://``, ``az://`` and ``http(s)://`` paths, the
             options of their fsspec filesystem (for S3: ``key``, ``secret``, ``token``,
             ``endpoint_url``, ``client_kwargs``), one dict for every protocol or one per
             protocol (``{"s3": {...}, "http": {...}}``). Never logged or shown. URLs are read
             on the event loop, ``io_concurrency`` at once (``pip install 'aioloader[remote]'``).
-        storage_backend: the client of those reads: ``"auto"`` (with ``loader_process=True``,
-            obstore for ``s3://`` and ``http(s)://`` where it is installed and can take the
-            options; else fsspec), ``"fsspec"``, or ``"obstore"`` (needs
-            ``loader_process=True``). See :mod:`aioloader.read.backends`.
+        storage_backend: the client of those reads: ``"auto"`` (in a loader process, obstore
+            for ``s3://`` and ``http(s)://`` where it is installed and can take the options;
+            else fsspec), ``"fsspec"``, or ``"obstore"`` (needs a loader process: refused
+            with ``loader_process=False``, and replaced by fsspec, with a WARNING, where none
+            can be made). See :mod:`aioloader.read.backends`.
         progress: a progress bar per epoch on stderr (tqdm): batches, samples/s, MB/s and
             the share of time the trainer waited. ``True`` draws it only when stderr is a
             terminal; ``"always"`` draws it anyway (a log file).
@@ -179,7 +188,7 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         pad_shards: bool = True,
-        loader_process: bool = False,
+        loader_process: LoaderProcess = "auto",
         storage_options: dict[str, Any] | None = None,
         storage_backend: StorageBackend = "auto",
         progress: bool | Literal["always"] = False,
@@ -225,6 +234,7 @@ class Loader:
         self._state = State.IDLE
         self._lock = threading.Lock()
         self._runtime: Runtime | ProcessRuntime | None = None
+        self._where: Literal["process", "thread"] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._counters = Counters.for_loader(self._config, is_remote(self._dataset.path(0)))
         self._epochs = Epochs(self._config, len(self._dataset))
@@ -246,6 +256,13 @@ class Loader:
     def epoch(self) -> int:
         """The epoch of the current (or next) iteration."""
         return self._epochs.epoch
+
+    @property
+    def runtime(self) -> Literal["process", "thread"] | None:
+        """Where the started loader's pipeline runs: ``"process"`` (a loader process) or
+        ``"thread"`` (the ``aioloader-loop`` thread of this process); None until it starts.
+        It stays after :meth:`close`. See ``loader_process``."""
+        return self._where
 
     @property
     def stats(self) -> LoaderStats:
@@ -288,6 +305,7 @@ class Loader:
                 # The safety net: a loader dropped without close() still stops everything.
                 self._finalizer = weakref.finalize(self, runtime.shutdown)
                 self._runtime = runtime
+                self._where = "process" if isinstance(runtime, ProcessRuntime) else "thread"
                 self._state = State.STARTED
             return self._runtime
 

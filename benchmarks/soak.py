@@ -298,6 +298,7 @@ def soak(
         on_error="skip",
         num_workers=args.workers,
         max_worker_restarts=args.max_worker_restarts,
+        loader_process=False,  # it kills this process's workers and reads its slabs
     )
     try:
         with loader:

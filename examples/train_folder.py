@@ -1,6 +1,6 @@
 """Train a small CNN on an ImageFolder with a synchronous loop fed by aioloader.
 
-    python examples/train_folder.py [ROOT] [--epochs 2] [--device cuda]
+    python examples/train_folder.py [ROOT] [--epochs 2] [--device cuda] [--in-process]
 
 Without ROOT, a small synthetic JPEG dataset is generated into a temporary folder. The
 ``if __name__ == "__main__"`` guard matters: decode workers start by forkserver/spawn and
@@ -13,6 +13,7 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -33,7 +34,9 @@ def make_model(classes: int) -> nn.Module:
     )
 
 
-def train(root: Path, epochs: int, device: str | None, loader_process: bool = False) -> None:
+def train(
+    root: Path, epochs: int, device: str | None, loader_process: bool | Literal["auto"] = "auto"
+) -> None:
     dataset = aioloader.FileDataset.from_folder(root)
     loader = aioloader.Loader(
         dataset,
@@ -41,8 +44,9 @@ def train(root: Path, epochs: int, device: str | None, loader_process: bool = Fa
         decode=aioloader.ImageDecoder(112, crop="random", hflip=True),
         device=device,
         prefetch=2,
-        # True: reads, decoding and batching run in a loader process of their own; this
-        # process keeps only the thread that copies batches to the device.
+        # "auto" (the default): reads, decoding and batching run in a loader process of their
+        # own where one can be made; this process keeps only the thread that copies batches to
+        # the device. False keeps them here (to share state with read/collate, or to debug).
         loader_process=loader_process,
     )
     model = make_model(len(dataset.classes)).to(device or "cpu")
@@ -72,7 +76,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--device", default=None, help="e.g. cuda (default: cpu)")
     parser.add_argument(
-        "--loader-process", action="store_true", help="load in a loader process (loader_process=True)"
+        "--in-process",
+        dest="loader_process",
+        action="store_false",
+        default="auto",
+        help="load in this process (loader_process=False; default: a loader process where one can be made)",
     )
     args = parser.parse_args()
     if args.root is not None:

@@ -588,21 +588,25 @@ def session_survivors(session: int, seconds: float = 5.0) -> list[str]:
 
 # -- which runtime a loader ran in ------------------------------------------------------------
 
-#: What ``start_runtime`` logs when ``loader_process=True`` cannot be honoured.
+#: What ``start_runtime`` logs when a loader process cannot be made (a WARNING with
+#: ``loader_process=True``, a DEBUG line with ``"auto"``).
 NO_ZYGOTE = "no zygote can be made"
 
 
 class RuntimeWatch:
     """The runtimes the loaders of a test started, against the one the test stands for
     (``[thread]`` or ``[process]``). Where no zygote can be made, ``loader_process=True``
-    warns and loads in-process: without this, a ``[process]`` test could pass as a
-    ``[thread]`` one. :meth:`install` wraps ``start_runtime`` where the Loader calls it
+    warns and loads in-process, and ``"auto"`` (the default) does so silently, as it does
+    with a ``read`` or ``collate`` that cannot be sent: without this, a ``[process]`` test
+    could pass as a ``[thread]`` one. :meth:`install` wraps ``start_runtime`` where the Loader calls it
     (``aioloader.loader``'s own name for it, and the defining module's) and listens on the
     ``aioloader`` logger; :meth:`problems` says what went wrong (conftest.py's ``runtimes``
     fixture fails the test with it)."""
 
     def __init__(self) -> None:
-        #: ``(asked for a loader process, the runtime's class name)`` per runtime started.
+        #: ``(asked for a loader process, the runtime's class name)`` per runtime started;
+        #: asked: ``config.loader_process``, True for ``"auto"`` unless its callables could
+        #: not be sent (then it loads in-process as asked).
         self.started: list[tuple[bool, str]] = []
         self.warnings: list[str] = []
         self.process: bool | None = None

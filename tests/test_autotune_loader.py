@@ -39,7 +39,7 @@ OPTS: dict[str, Any] = {"batch_size": 16, "decode": decode_number, "shuffle": Tr
 
 def fixed_epochs(paths: list[str], epochs: list[int]) -> list[list[int]]:
     """The samples of ``epochs`` with small fixed settings and no delay."""
-    with Loader(paths, io_concurrency=4, num_workers=1, **OPTS) as loader:
+    with Loader(paths, io_concurrency=4, num_workers=1, loader_process=False, **OPTS) as loader:
         out = []
         for epoch in epochs:
             loader.set_epoch(epoch)

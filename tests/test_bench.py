@@ -82,6 +82,8 @@ def test_bench_json_on_stdout_progress_on_stderr_and_a_trace(image_folder: Path,
     assert "aioloader" in proc.stderr  # the progress bar
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["ph"] == "X"} == {"read", "decode", "collate", "transfer"}
+    # The stages are traced where they run: with --trace, "auto" loads in this process.
+    assert result["settings"]["loader_process_asked"] == "auto" and result["settings"]["runtime"] == "thread"
 
 
 def users_decode(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,6 +169,7 @@ def test_bench_tune_sweeps_both_settings_and_reports_what_auto_chose(
     # the main run was on "auto" too: the settings say what it asked for and where it ended
     assert result["settings"]["io_concurrency_asked"] == "auto"
     assert isinstance(result["settings"]["io_concurrency"], int)
+    assert result["settings"]["loader_process_asked"] == "auto" and result["settings"]["runtime"] == "process"
     assert main([*argv, "--tune", "--tune-seconds", "0.2"]) == 0
     out = capsys.readouterr().out
     assert "best fixed: io_concurrency=" in out and "auto chose io_concurrency=" in out
@@ -184,3 +187,14 @@ def test_bench_refuses_a_setting_that_is_neither_a_number_nor_auto(
     with pytest.raises(SystemExit):
         main(["bench", str(tmp_path), "--io-concurrency", "many"])
     assert "'many' is not a positive integer or 'auto'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", str(tmp_path), "--loader-process", "maybe"])
+    assert "'maybe' is not 'auto', 'true' or 'false'" in capsys.readouterr().err
+    (tmp_path / "a.txt").write_text("1")
+    assert (
+        main(["bench", str(tmp_path), "--loader-process", "true", "--trace", str(tmp_path / "t.json")]) == 2
+    )
+    assert (
+        "--trace records the stages in this process: --loader-process auto or false"
+        in capsys.readouterr().err
+    )

@@ -4,12 +4,14 @@ loader started; scripts started by a relative path, a symlink or ``python -m``, 
 not; callables that cannot be sent, or that do not load in the process that runs them.
 
 Every case runs in both runtimes: ``[thread]`` (the pipeline in the trainer's process) and
-``[process]`` (``loader_process=True``). The Jupyter kernel case is in test_notebook.py.
+``[process]`` (``loader_process=True``: it insists, so a callable that cannot be sent is an
+error). The Jupyter kernel case is in test_notebook.py.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -226,7 +228,11 @@ def test_a_decode_that_cannot_be_sent_is_one_value_error_naming_it(
     assert semaphores() - before == set()
 
 
-def test_a_read_that_cannot_be_sent_is_refused_only_where_it_must_be_sent(numbered: list[str]) -> None:
+def test_a_read_that_cannot_be_sent_is_refused_only_where_it_must_be_sent(
+    numbered: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``loader_process=True`` must send it: a ValueError naming it. The default, ``"auto"``,
+    then loads in-process (a DEBUG line, no warning), as ``loader_process=False`` does."""
     lock = threading.Lock()
 
     def read(path: str) -> bytes:
@@ -235,8 +241,20 @@ def test_a_read_that_cannot_be_sent_is_refused_only_where_it_must_be_sent(number
 
     with pytest.raises(ValueError, match=r"^read=<function .*read.*> cannot be sent to the loader process"):
         Loader(numbered, decode=decode_number, read=read, loader_process=True)
-    with Loader(numbered, batch_size=37, shuffle=False, decode=decode_number, read=read) as loader:
-        assert [int(x) for b in loader for x in b] == list(range(37))  # runs where it is
+    caplog.set_level(logging.DEBUG, logger="aioloader")
+    for where in ({}, {"loader_process": "auto"}, {"loader_process": False}):
+        caplog.clear()
+        with Loader(
+            numbered, batch_size=37, shuffle=False, decode=decode_number, read=read, **where
+        ) as loader:
+            assert [int(x) for b in loader for x in b] == list(range(37))  # runs where it is
+            assert loader.runtime == "thread"
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        said = [r.getMessage() for r in caplog.records if "cannot be sent" in r.getMessage()]
+        if where.get("loader_process", "auto") == "auto":
+            assert len(said) == 1 and said[0].startswith("loader_process='auto': loading in-process: read=")
+        else:
+            assert said == []
 
 
 def test_a_decode_that_does_not_load_where_it_runs_is_one_loader_error(

@@ -70,6 +70,10 @@ EXACT_ERRORS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"drop_last": None}, TypeError, "drop_last=None must be True or False"),
     ({"ordered": 0}, TypeError, "ordered=0 must be True or False"),
     ({"zero_copy": "no"}, TypeError, "zero_copy='no' must be True or False"),
+    ({"loader_process": "yes"}, ValueError, "loader_process='yes' must be 'auto', True or False"),
+    ({"loader_process": 1}, ValueError, "loader_process=1 must be 'auto', True or False"),
+    ({"loader_process": None}, ValueError, "loader_process=None must be 'auto', True or False"),
+    ({"loader_process": "Auto"}, ValueError, "loader_process='Auto' must be 'auto', True or False"),
     ({"read_retries": -1}, ValueError, "read_retries=-1 must be a non-negative integer"),
     ({"read_retries": True}, ValueError, "read_retries=True must be a non-negative integer"),
     ({"max_worker_restarts": -1}, ValueError, "max_worker_restarts=-1 must be a non-negative integer"),
@@ -247,6 +251,8 @@ def test_loader_defaults() -> None:
     assert cfg.num_workers == usable_cpus()
     assert isinstance(cfg.decode, ImageDecoder)
     assert cfg.decode.output_shape == (3, 224, 224)
+    assert cfg.loader_process is True and cfg.process_auto is True  # "auto"
+    assert cfg.loader_process_asked == "auto" and ld.runtime is None
     ld.close()
 
 
@@ -316,3 +322,43 @@ def test_auto_settings() -> None:
     assert not (fixed.io_auto or fixed.workers_auto or fixed.autotuned)
     loader = aioloader.Loader(["a.jpg"])
     assert loader.config.io_auto and not loader.config.workers_auto  # io "auto" is the default
+
+
+def test_loader_process_auto_true_or_false() -> None:
+    """``"auto"`` (the default) and True start in a loader process, False in-process; only
+    ``"auto"`` may fall back silently. Where obstore may read follows (storage_backend)."""
+    settled = {
+        value: (c.loader_process, c.process_auto, c.loader_process_asked, c.storage_backend)
+        for value in ("auto", True, False)
+        for c in [create(loader_process=value)]
+    }
+    assert settled == {
+        "auto": (True, True, "auto", "auto"),
+        True: (True, False, True, "auto"),
+        False: (False, False, False, "fsspec"),
+    }
+    assert create(loader_process="auto", storage_backend="obstore").storage_backend == "obstore"
+    with pytest.raises(ValueError, match=r"^storage_backend='obstore' needs a loader process"):
+        create(loader_process=False, storage_backend="obstore")
+
+
+def test_auto_with_a_callable_that_cannot_be_sent_settles_in_process() -> None:
+    """``read`` and ``collate`` run in the loader process, so they must be sent there: under
+    ``"auto"`` one that cannot be loads in-process instead; True refuses it, naming it.
+    obstore reads only in a loader process: then the callable is the error."""
+    lock = threading.Lock()
+
+    def read(path: str) -> bytes:
+        with lock:
+            return b""
+
+    for name in ("read", "collate"):
+        refused = rf"^{name}=<function .*read.*> cannot be sent to the loader process"
+        cfg = create(**{name: read})
+        assert (cfg.loader_process, cfg.process_auto, cfg.loader_process_asked) == (False, True, "auto")
+        assert cfg.storage_backend == "fsspec" and name not in cfg.sent
+        with pytest.raises(ValueError, match=refused):
+            create(**{name: read, "loader_process": True})
+        with pytest.raises(ValueError, match=refused):
+            create(**{name: read, "storage_backend": "obstore"})
+    assert create(read=len, collate=list).sent.keys() == {"read", "collate"}

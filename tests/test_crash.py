@@ -144,7 +144,8 @@ def test_the_kernel_kills_a_helper_whose_parent_dies(tmp_path: Path) -> None:
 def test_semaphores_carry_the_pid_and_go_with_the_loader(files: list[str]) -> None:
     tag = f"sem.mp-aioloader-{os.getpid()}-"
     before = {n for n in semaphores() if n.startswith(tag)}
-    with Loader(files, batch_size=8, decode=decode_number, num_workers=1) as loader:
+    # In-process: the decode pool, and so its semaphores, are this process's.
+    with Loader(files, batch_size=8, decode=decode_number, num_workers=1, loader_process=False) as loader:
         assert len(next(iter(loader))) == 8
         ours = {n for n in semaphores() if n.startswith(tag)} - before
         assert len(ours) == 5  # the executor's call queue (3) and result queue (2)

@@ -26,7 +26,9 @@ import aioloader
 from helpers import decode_number
 
 if __name__ == "__main__":
-    loader = aioloader.Loader({paths!r}, batch_size=4, decode=decode_number, num_workers=1)
+    # In-process: the names in /dev/shm carry this script's pid.
+    loader = aioloader.Loader({paths!r}, batch_size=4, decode=decode_number, num_workers=1,
+                              loader_process=False)
     held = next(iter(loader))
     print("ready", flush=True)
     time.sleep(3600)
@@ -49,7 +51,7 @@ def _doctor(*args: str) -> str:
 def test_doctor_removes_what_a_whole_killed_process_group_left(
     numbered: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slabs: str
 ) -> None:
-    monkeypatch.setenv(ENV, slabs)  # the script's, and this process's loader below
+    monkeypatch.setenv(ENV, slabs)  # the script's, and this process's in-process loader below
     proc = start_script(tmp_path / "holder.py", HOLDER.format(paths=numbered))
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
@@ -66,7 +68,9 @@ def test_doctor_removes_what_a_whole_killed_process_group_left(
     else:
         assert segments
     try:
-        with Loader(numbered, batch_size=4, decode=decode_number, num_workers=1) as loader:
+        with Loader(
+            numbered, batch_size=4, decode=decode_number, num_workers=1, loader_process=False
+        ) as loader:
             # A running loader's names, quiet after its epoch: listed as in use, and kept.
             batches = list(loader)
             mine = shm_segments()

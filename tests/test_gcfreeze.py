@@ -61,7 +61,7 @@ def test_a_loader_that_fails_to_start_releases(numbered: list[str], monkeypatch:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("cannot start")
 
-    monkeypatch.setattr(runtime.Runtime, "_start", broken)
+    monkeypatch.setattr(runtime.Runtime, "_start", broken)  # the in-process runtime's
     with pytest.raises(RuntimeError, match="cannot start"):
-        Loader(numbered, batch_size=8, decode=decode_number, num_workers=1).start()
+        Loader(numbered, batch_size=8, decode=decode_number, num_workers=1, loader_process=False).start()
     assert gc.get_freeze_count() == 0

@@ -93,20 +93,21 @@ def test_the_runtime_watch_tells_thread_from_process(
     watch = RuntimeWatch()
     watch.install(monkeypatch)
     try:
-        for process in (False, True):
+        for process in (False, True, "auto"):
             with Loader(
                 numbered, batch_size=37, decode=decode_number, num_workers=1, loader_process=process
             ) as ld:
                 assert len(next(iter(ld))) == 37
     finally:
         watch.uninstall()
-    assert watch.started == [(False, "Runtime"), (True, "ProcessRuntime")]
+    assert watch.started == [(False, "Runtime"), (True, "ProcessRuntime"), (True, "ProcessRuntime")]
+    kinds = "['Runtime', 'ProcessRuntime', 'ProcessRuntime']"
     watch.expect(True)
-    assert watch.problems() == ["[process] started in-process runtimes: ['Runtime', 'ProcessRuntime']"]
+    assert watch.problems() == [f"[process] started in-process runtimes: {kinds}"]
     watch.expect(True, in_process_too=True)
     assert watch.problems() == []
     watch.expect(False)
-    assert watch.problems() == ["[thread] started loader processes: ['Runtime', 'ProcessRuntime']"]
+    assert watch.problems() == [f"[thread] started loader processes: {kinds}"]
 
 
 FALLBACK = """
@@ -116,15 +117,17 @@ from helpers import RuntimeWatch, decode_number
 from aioloader import Loader
 
 # An aioloader thread before the first loader: no zygote can be made, loader_process=True
-# warns and loads in-process (aioloader.run.start).
+# warns and loads in-process, "auto" (the default) does so silently (aioloader.run.start).
 threading.Thread(target=time.sleep, args=(30,), name="aioloader-other", daemon=True).start()
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     watch = RuntimeWatch()
     with pytest.MonkeyPatch.context() as mp:
         watch.install(mp)
-        with Loader({paths!r}, batch_size=37, decode=decode_number, num_workers=1, loader_process=True) as ld:
-            assert len(next(iter(ld))) == 37
+        for process in (True, "auto"):
+            with Loader({paths!r}, batch_size=37, decode=decode_number, num_workers=1,
+                        loader_process=process) as ld:
+                assert len(next(iter(ld))) == 37
         watch.uninstall()
     watch.expect(True)
     for line in watch.problems():
@@ -140,7 +143,7 @@ def test_the_runtime_watch_catches_the_no_zygote_fallback(tmp_path: Path, number
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
-        "1 loader(s) asked for a loader process and ran in-process",
+        "2 loader(s) asked for a loader process and ran in-process",
         "[process] started in-process runtimes",
         "[process] logged",
     ]

@@ -29,9 +29,16 @@ def _aioloader_threads() -> set[str]:
 
 
 def test_start_starts_everything_and_close_joins_it(numbered: list[str]) -> None:
+    """In-process (a loader process's own threads: test_loader_process.py)."""
     before = descendants()
     loader = Loader(
-        numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=2, io_concurrency=3
+        numbered,
+        shuffle=False,
+        batch_size=4,
+        decode=decode_number,
+        num_workers=2,
+        io_concurrency=3,
+        loader_process=False,
     )
     assert loader.state is State.IDLE and not _aioloader_threads()
     with loader:
@@ -50,7 +57,8 @@ def test_the_pipeline_runs_on_uvloop_when_it_is_installed(numbered: list[str]) -
     """README "One engine": stages 1-5 on the loader's own ``aioloader-loop`` thread, on
     uvloop's loop when uvloop is installed."""
     uvloop = pytest.importorskip("uvloop")
-    with Loader(numbered, shuffle=False, batch_size=4, decode=decode_number, num_workers=1) as loader:
+    kw = {"decode": decode_number, "num_workers": 1, "loader_process": False}  # its loop is here
+    with Loader(numbered, shuffle=False, batch_size=4, **kw) as loader:
         assert flatten([next(iter(loader))]) == [0, 1, 2, 3]
         # Internal on purpose: which event loop runs the pipeline is not observable from outside.
         runtime = loader._runtime
@@ -65,7 +73,7 @@ def test_workers_persist_across_epochs(numbered: list[str]) -> None:
     with Loader(numbered, shuffle=False, batch_size=8, decode=decode_number, num_workers=2) as loader:
         list(loader)
         first = descendants() - before
-        assert len(first) == 2
+        assert len(first) == 3  # the loader process and its two workers
         list(loader)
         assert descendants() - before == first
 

@@ -1,8 +1,9 @@
 """The loader through both front-ends: every case runs once through ``for``/``with``
 (``[sync]``) and once through ``async for``/``async with`` (``[async]``), by the ``frontend``
 fixture (conftest.py, frontends.py), and each of those once in the trainer's process
-(``[thread]``) and once with ``loader_process=True`` (``[process]``). What only one
-front-end can show is a single test at the end."""
+(``[thread]``, ``loader_process=False``) and once in a loader process (``[process]``, the
+default ``loader_process="auto"``). What only one front-end can show is a single test at
+the end."""
 
 from __future__ import annotations
 
@@ -39,18 +40,19 @@ from aioloader.loader import CLOSED_MESSAGE
 
 @pytest.fixture(autouse=True, params=["thread", "process"])
 def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, runtimes: RuntimeWatch) -> str:
-    """Where the pipeline runs: every Loader of the test gets ``loader_process=True`` for
-    ``[process]`` (the argument every user would pass). The test fails when one ran
-    elsewhere (``runtimes``, conftest.py): in-process for ``[process]`` (no zygote could be
-    made), or in a loader process for ``[thread]``."""
+    """Where the pipeline runs: ``[process]`` leaves every Loader of the test its default,
+    ``loader_process="auto"`` (what every user gets), and ``[thread]`` gives each
+    ``loader_process=False``. The test fails when one ran elsewhere (``runtimes``,
+    conftest.py): in-process for ``[process]`` (no zygote could be made, or a callable that
+    could not be sent), or in a loader process for ``[thread]``."""
     runtimes.expect(request.param == "process")
-    if request.param == "process":
+    if request.param == "thread":
         create = LoaderConfig.create
 
-        def with_process(**kw: object) -> LoaderConfig:
-            return create(**{**kw, "loader_process": True})
+        def in_process(**kw: object) -> LoaderConfig:
+            return create(**{**kw, "loader_process": False})
 
-        monkeypatch.setattr(LoaderConfig, "create", with_process)
+        monkeypatch.setattr(LoaderConfig, "create", in_process)
     return str(request.param)
 
 

@@ -1,5 +1,7 @@
-"""``loader_process=True``: the pipeline runs in a loader process; the trainer's process keeps
-only the bridging thread, and batches cross as references to shared memory.
+"""A loader process (the default ``loader_process="auto"``, or True): the pipeline runs in a
+loader process; the trainer's process keeps only the bridging thread, and batches cross as
+references to shared memory. Where none can be made, ``"auto"`` loads in-process silently
+and True with a warning.
 
 Everything is read from the outside: threads by name, processes from /proc, mappings from
 /proc/self/maps, the loader process's memfd slabs from /proc/<pid>/fd (its segments in
@@ -29,6 +31,7 @@ from helpers import (
     descendants,
     is_gone,
     memfd_slabs,
+    named,
     number_image,
     number_ragged,
     script_env,
@@ -191,9 +194,12 @@ def test_a_collate_that_cannot_be_sent_is_refused_when_the_loader_is_made(number
     ) as info:
         Loader(numbered, batch_size=4, decode=decode_number, collate=lambda s: lock, loader_process=True)
     assert "cannot pickle '_thread.lock' object" in str(info.value)
-    # In the trainer's process the same collate runs where it is: nothing is sent.
-    with Loader(numbered, batch_size=4, decode=decode_number, collate=lambda s: lock) as loader:
-        assert all(batch is lock for batch in loader)
+    # In the trainer's process the same collate runs where it is: nothing is sent. The
+    # default, "auto", loads there, without a warning.
+    for where in ({"loader_process": False}, {}):
+        with Loader(numbered, batch_size=4, decode=decode_number, collate=lambda s: lock, **where) as loader:
+            assert all(batch is lock for batch in loader)
+            assert loader.runtime == "thread"
 
 
 def test_a_killed_loader_process_is_a_clear_error(numbered: list[str]) -> None:
@@ -355,3 +361,89 @@ def test_a_killed_loader_process_leaves_no_devshm_slab(tmp_path: Path, numbered:
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["made aioloader sem.mp", "left []", "held 0 1 2 3"], out.stdout
     assert "leaked" not in out.stderr, out.stderr  # the resource tracker found nothing at exit
+
+
+LOADER = "aioloader-loader"[:15]  # /proc/<pid>/comm keeps 15 bytes
+
+
+def test_by_default_a_loader_runs_in_a_loader_process(numbered: list[str]) -> None:
+    """No ``loader_process`` argument: the pipeline runs in an ``aioloader-loader`` process
+    of this process's tree, the trainer's process keeps only the bridge, and ``runtime``
+    says so."""
+    loader = Loader(numbered, batch_size=5, decode=decode_number, num_workers=1, shuffle=False)
+    assert loader.runtime is None and named(LOADER) == set()
+    with loader:
+        assert loader.runtime == "process"
+        got = []
+        for batch in loader:
+            got.append([int(v) for v in batch])
+            (pid,) = named(LOADER)  # while it loads
+            assert pid == loader_pid()
+            assert not any(t.name == "aioloader-loop" for t in threading.enumerate())
+    assert got == [list(range(i, min(i + 5, 37))) for i in range(0, 37, 5)]
+    assert loader.runtime == "process" and is_gone(pid)
+
+
+NO_ZYGOTE_SCRIPT = """
+import logging, threading
+from helpers import decode_number
+from aioloader import Loader
+
+records = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record)
+
+
+if __name__ == "__main__":
+    shown = logging.StreamHandler()
+    shown.setLevel(logging.WARNING)  # stderr shows warnings only, the DEBUG lines are kept
+    logging.basicConfig(handlers=[shown])
+    logging.getLogger("aioloader").addHandler(Keep(logging.DEBUG))
+    logging.getLogger("aioloader").setLevel(logging.DEBUG)
+    paths = {paths!r}
+    # A real loader in this process, before any zygote: no decode pool (so it never asks for
+    # one), but its aioloader-loop, -transfer and -collate threads run while it is open, and
+    # a zygote forked now could copy a lock one of them holds.
+    with Loader(paths, batch_size=37, decode=None, loader_process=False) as first:
+        assert len(next(iter(first))) == 37
+        cases = {{
+            "default": {{}},
+            "True": {{"loader_process": True}},
+            "obstore": {{"storage_backend": "obstore"}},
+        }}
+        for case, kw in cases.items():
+            records.clear()
+            with Loader(paths, batch_size=5, decode=decode_number, shuffle=False, num_workers=1, **kw) as ld:
+                got = [int(v) for b in ld for v in b]
+                loop_threads = sum(t.name == "aioloader-loop" for t in threading.enumerate())
+            said = [r.levelname for r in records if "no zygote can be made" in r.getMessage()]
+            said += [f"{{r.levelname}}:{{r.getMessage()}}" for r in records if "obstore" in r.getMessage()]
+            print(case, ld.runtime, got == list(range(len(paths))), loop_threads, *said, flush=True)
+"""
+
+
+def test_where_no_zygote_can_be_made_auto_loads_in_process_silently_and_true_warns(
+    tmp_path: Path, numbered: list[str]
+) -> None:
+    """A process whose aioloader threads already run when a loader would fork its zygote
+    (aioloader.decode.zygote): the default, ``"auto"``, loads in-process with a DEBUG line
+    and no warning; ``loader_process=True`` loads in-process with a WARNING. Each delivers
+    every sample, on a second ``aioloader-loop`` thread beside the first loader's. obstore,
+    asked for by name, reads only in a loader process: fsspec reads instead, with a WARNING."""
+    script = tmp_path / "no_zygote_auto.py"
+    script.write_text(NO_ZYGOTE_SCRIPT.format(paths=numbered))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=script_env(), timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "default thread True 2 DEBUG",
+        "True thread True 2 WARNING",
+        "obstore thread True 2 DEBUG "
+        "WARNING:storage_backend='obstore' needs a loader process: reading with fsspec",
+    ]
+    warnings = [line for line in out.stderr.splitlines() if "no zygote can be made" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING:aioloader:loader_process=True: ")

@@ -53,7 +53,7 @@ def test_s3_batches_equal_those_of_the_local_copy(
     with Loader(urls, storage_options=moto_s3, **where, **kw) as loader:
         remote = [values(list(loader)) for _ in range(2)]
         stats = loader.stats
-    with Loader(numbered, **kw) as loader:
+    with Loader(numbered, loader_process=False, **kw) as loader:
         local = [values(list(loader)) for _ in range(2)]
     assert remote == local
     assert stats.bytes_read == 2 * sum(os.path.getsize(p) for p in numbered)
@@ -269,7 +269,8 @@ def test_samples_inside_a_shard_are_read_by_byte_range(
         list(loader)
     # A flat dict of S3 options given to an http:// URL: one clear error, not one per sample.
     flat = FileDataset([(f"{http_files}/shard.bin", off, n) for off, n in entries])
-    loader = Loader(flat, batch_size=6, decode=decode_number, on_error="skip", storage_options=moto_s3)
+    opts = {"on_error": "skip", "storage_options": moto_s3, "loader_process": False}
+    loader = Loader(flat, batch_size=6, decode=decode_number, **opts)
     with loader, pytest.raises(LoaderError, match="a dict per protocol"):
         list(loader)
     shard.unlink()
@@ -309,8 +310,12 @@ def test_storage_backend_settles_where_obstore_may_run() -> None:
     assert resolve("auto", loader_process=False) == "fsspec"
     assert resolve("fsspec", loader_process=True) == "fsspec"
     assert resolve("obstore", loader_process=True) == "obstore"
-    with pytest.raises(ValueError, match="storage_backend='obstore' needs loader_process=True"):
-        Loader(["s3://b/a"], storage_backend="obstore")
+    with pytest.raises(
+        ValueError, match=r"storage_backend='obstore' needs a loader process \(loader_process="
+    ):
+        Loader(["s3://b/a"], storage_backend="obstore", loader_process=False)
+    # The default, "auto", runs in a loader process where it can: obstore may read there.
+    assert Loader(["s3://b/a"], storage_backend="obstore").config.storage_backend == "obstore"
     with pytest.raises(ValueError, match="storage_backend='s3fs' must be 'auto', 'fsspec' or 'obstore'"):
         Loader(["s3://b/a"], storage_backend="s3fs")  # type: ignore[arg-type]
 

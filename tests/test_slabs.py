@@ -2,7 +2,11 @@
 tensors without a copy. Slabs are memfd segments, reached by descriptor (``/dev/shm`` files
 with ``AIOLOADER_SLABS=devshm``). The autouse ``no_leaks`` fixture also fails any test that
 leaves an ``aioloader-*`` segment in /dev/shm, a memfd slab's descriptor open or a slab
-mapped."""
+mapped.
+
+A loader whose slabs a test reads here (this process's names and mappings, the environment
+and the functions it patches here) runs in-process, ``loader_process=False``; a loader
+process's slabs are test_loader_process.py's."""
 
 from __future__ import annotations
 
@@ -44,7 +48,8 @@ pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory
 
 
 def test_slab_batches_are_views_of_shared_memory(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2) as loader:
+    kw = {"decode": FixedShape(), "num_workers": 2, "loader_process": False}
+    with Loader(numbered, batch_size=5, shuffle=False, **kw) as loader:
         batches = list(loader)
         live = shm_segments()
         assert len(live) >= 1
@@ -65,7 +70,8 @@ def test_slab_batches_are_views_of_shared_memory(numbered: list[str]) -> None:
 
 def test_held_batches_never_change_and_the_pool_recycles(numbered: list[str]) -> None:
     paths = numbered * 4  # 148 samples, 30 batches: far more than the pooled slabs
-    with Loader(paths, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2, prefetch=1) as loader:
+    kw = {"decode": FixedShape(), "num_workers": 2, "prefetch": 1, "loader_process": False}
+    with Loader(paths, batch_size=5, shuffle=False, **kw) as loader:
         held = list(loader)  # every batch kept: the pool must not reuse their slabs
         held_in = {shm_mapping(b) for b in held}
         assert None not in held_in and len(held_in) == len(held)  # a segment each
@@ -87,7 +93,13 @@ def test_held_batches_never_change_and_the_pool_recycles(numbered: list[str]) ->
 
 def test_zero_copy_off_returns_owned_batches(numbered: list[str]) -> None:
     with Loader(
-        numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=1, zero_copy=False
+        numbered,
+        batch_size=5,
+        shuffle=False,
+        decode=FixedShape(),
+        num_workers=1,
+        zero_copy=False,
+        loader_process=False,
     ) as loader:
         held = [b for _ in range(5) for b in loader]
         assert all(shm_mapping(b) is None for b in held)  # copies, in memory of their own
@@ -157,7 +169,7 @@ def test_shared_memory_exhaustion_is_a_clear_error(
     monkeypatch.setenv(ENV, "devshm")  # read when the pool is made: here, in this process
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     with (
-        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1) as loader,
+        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1, loader_process=False) as loader,
         pytest.raises(LoaderError, match=r"cannot allocate a .* MiB shared-memory batch slab in /dev/shm"),
     ):
         list(loader)
@@ -166,7 +178,7 @@ def test_shared_memory_exhaustion_is_a_clear_error(
 
 def test_segments_are_gone_after_errors_and_gc(numbered: list[str], tmp_path: Path) -> None:
     bad = [*numbered[:6], str(tmp_path / "missing")]
-    loader = Loader(bad, batch_size=3, decode=FixedShape(), num_workers=1)
+    loader = Loader(bad, batch_size=3, decode=FixedShape(), num_workers=1, loader_process=False)
     with pytest.raises(aioloader.ReadError):
         list(loader)
     assert shm_segments()
@@ -212,7 +224,7 @@ def test_memfd_exhaustion_is_a_clear_error_and_leaves_no_descriptor(
 
     monkeypatch.setattr(os, "ftruncate", no_memory)
     with (
-        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1) as loader,
+        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1, loader_process=False) as loader,
         pytest.raises(LoaderError, match=r"cannot allocate a .* MiB shared-memory batch slab as anonymous"),
     ):
         list(loader)
@@ -223,7 +235,9 @@ def test_devshm_fallback_slabs_are_files_and_go_at_close(
     numbered: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ENV, "devshm")
-    with Loader(numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2) as loader:
+    with Loader(
+        numbered, batch_size=5, shuffle=False, decode=FixedShape(), num_workers=2, loader_process=False
+    ) as loader:
         batches = list(loader)
         files = {n for n in os.listdir("/dev/shm") if n.startswith(f"aioloader-{os.getpid()}-")}
         assert files and memfd_slabs() == set()
@@ -236,7 +250,7 @@ def test_a_bad_slab_setting_is_a_clear_error(numbered: list[str], monkeypatch: p
     monkeypatch.setenv(ENV, "tmpfs")
     with (
         pytest.raises(LoaderError, match="AIOLOADER_SLABS='tmpfs'"),
-        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1) as loader,
+        Loader(numbered, batch_size=5, decode=FixedShape(), num_workers=1, loader_process=False) as loader,
     ):
         list(loader)
 

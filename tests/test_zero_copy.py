@@ -4,7 +4,9 @@ The loader learns the layout of a plain function's samples from the first batch;
 workers write each array of a sample into its row of the batch slab, and the batch tensors
 are the slab itself. Whether a tensor views shared memory (a ``/memfd:aioloader-...``
 mapping, or a ``/dev/shm/aioloader-...`` one for the fallback) is read from the outside, in
-/proc/self/maps, never from the loader's internals.
+/proc/self/maps, never from the loader's internals. A loader whose memory a test reads here,
+or whose collate records here what it was given, runs in-process (``loader_process=False``);
+a loader process's slabs are test_loader_process.py's.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ def numbers(batch: torch.Tensor) -> list[int]:
 
 def test_plain_function_batches_become_views_of_shared_memory(numbered: list[str]) -> None:
     with Loader(
-        numbered, batch_size=4, decode=number_image, shuffle=False, num_workers=2, io_concurrency=4
+        numbered,
+        batch_size=4,
+        decode=number_image,
+        shuffle=False,
+        num_workers=2,
+        io_concurrency=4,
+        loader_process=False,
     ) as loader:
         epochs = [list(loader) for _ in range(2)]
     for batches in epochs:
@@ -63,7 +71,8 @@ def test_plain_function_batches_become_views_of_shared_memory(numbered: list[str
 
 
 def test_tensor_outputs_stay_tensors_and_travel_by_shared_memory(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=5, decode=number_tensor, shuffle=False, num_workers=2) as loader:
+    kw = {"decode": number_tensor, "num_workers": 2, "loader_process": False}
+    with Loader(numbered, batch_size=5, shuffle=False, **kw) as loader:
         list(loader)
         batches = list(loader)
     assert all(b.dtype == torch.float32 and b.shape[1:] == (2, 3) for b in batches)
@@ -72,7 +81,8 @@ def test_tensor_outputs_stay_tensors_and_travel_by_shared_memory(numbered: list[
 
 
 def test_nested_dict_outputs_collate_in_place(numbered: list[str]) -> None:
-    with Loader(numbered, batch_size=4, decode=number_dict, shuffle=False, num_workers=2) as loader:
+    kw = {"decode": number_dict, "num_workers": 2, "loader_process": False}
+    with Loader(numbered, batch_size=4, shuffle=False, **kw) as loader:
         list(loader)
         batches = list(loader)
     b = batches[2]
@@ -117,7 +127,13 @@ class Collected:
 def test_varying_shapes_reach_a_custom_collate_as_shared_memory_views(numbered: list[str]) -> None:
     collate = Collected()
     with Loader(
-        numbered, batch_size=6, decode=number_ragged, collate=collate, shuffle=False, num_workers=2
+        numbered,
+        batch_size=6,
+        decode=number_ragged,
+        collate=collate,
+        shuffle=False,
+        num_workers=2,
+        loader_process=False,
     ) as loader:
         first = list(loader)
         views_seen: list[bool] = []
@@ -142,6 +158,7 @@ def test_skipped_rows_are_gathered_into_a_copy(numbered: list[str]) -> None:
         on_error="skip",
         shuffle=False,
         num_workers=2,
+        loader_process=False,
     ) as loader:
         list(loader)
         batches = list(loader)
@@ -153,7 +170,13 @@ def test_skipped_rows_are_gathered_into_a_copy(numbered: list[str]) -> None:
 
 def test_zero_copy_off_hands_out_owned_memory(numbered: list[str]) -> None:
     with Loader(
-        numbered, batch_size=4, decode=number_dict, shuffle=False, num_workers=1, zero_copy=False
+        numbered,
+        batch_size=4,
+        decode=number_dict,
+        shuffle=False,
+        num_workers=1,
+        zero_copy=False,
+        loader_process=False,
     ) as loader:
         batches = [b for _ in range(2) for b in loader]
     assert not any(in_shared_memory(b["image"]) for b in batches)

@@ -58,8 +58,10 @@ if __name__ == "__main__":
         zpid = str(aioloader.decode.zygote.pid())
         print("zygote", zpid, flush=True)
         ppid = lambda p: open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1]
+        comm = lambda p: open(f"/proc/{{p}}/comm").read().strip()
         kids = [p for p in os.listdir("/proc") if p.isdigit() and ppid(p) == zpid]
-        print("pids", *sorted(kids), flush=True)
+        print("pids", *sorted(p for p in kids if comm(p) == "aioloader-worke"), flush=True)
+        print("loaders", *sorted(p for p in kids if comm(p) == "aioloader-loade"), flush=True)
 """
 
 
@@ -67,12 +69,15 @@ def test_workers_come_from_the_zygote(numbered: list[str]) -> None:
     assert zygote.pid() is not None  # conftest starts it before the first test
     with Loader(numbered, batch_size=5, decode=decode_number, num_workers=2, shuffle=False) as loader:
         assert [int(v) for b in loader for v in b] == list(range(37))
-        workers = descendants()
+        helpers = descendants()
+        workers, loaders = named(WORKER), named(LOADER)
         parents = set()
-        for pid in workers:
+        for pid in helpers:
             with open(f"/proc/{pid}/stat") as f:
                 parents.add(int(f.read().rsplit(")", 1)[1].split()[1]))
-    assert len(workers) == 2 and parents == {zygote.pid()}
+    # The loader process (the default) and its two workers: all the zygote's children.
+    assert len(workers) == 2 and len(loaders) == 1 and helpers == workers | loaders
+    assert parents == {zygote.pid()}
 
 
 def test_a_script_that_imports_torch_decodes_in_workers_of_the_zygote_and_leaves_nothing(
@@ -85,7 +90,8 @@ def test_a_script_that_imports_torch_decodes_in_workers_of_the_zygote_and_leaves
     assert proc.returncode == 0, err
     lines = dict(line.split(" ", 1) for line in out.splitlines())
     zygote_pid = int(lines["zygote"])
-    assert zygote_pid and len(lines["pids"].split()) == 2  # both workers are its children
+    # Both workers are its children, and so is the loader process they decode for.
+    assert zygote_pid and len(lines["pids"].split()) == 2 and len(lines["loaders"].split()) == 1
     assert session_survivors(proc.pid) == []
 
 
@@ -227,8 +233,8 @@ def test_until_the_workers_are_up_image_decoder_decodes_in_the_loaders_process(
 def test_the_built_in_image_decoder_delivers_while_no_worker_can_be_forked(image_folder: Path) -> None:
     """What users get, seen from outside: with the zygote stopped (SIGSTOP), no decode worker
     can be forked, yet the first batch of a plain ``ImageDecoder`` arrives; once the zygote
-    runs again, the workers start and the epoch completes. In the trainer's process only:
-    with ``loader_process=True`` the loader process itself is forked by the zygote."""
+    runs again, the workers start and the epoch completes. In the trainer's process only
+    (``loader_process=False``): a loader process is itself forked by the zygote."""
     zpid = zygote.pid()
     assert zpid is not None  # conftest starts it before the first test
 
@@ -245,7 +251,9 @@ def test_the_built_in_image_decoder_delivers_while_no_worker_can_be_forked(image
         wait_for(lambda: state() == "T", "the zygote stopped")
         with (
             released_after_the_first_batch(resume) as got_first,
-            Loader(ds, batch_size=4, shuffle=False, decode=ImageDecoder(32), num_workers=2) as loader,
+            Loader(
+                ds, batch_size=4, shuffle=False, decode=ImageDecoder(32), num_workers=2, loader_process=False
+            ) as loader,
         ):
             it = iter(loader)
             images, labels = next(it)
@@ -271,8 +279,9 @@ def stopped(pid: int) -> bool:
 
 @pytest.mark.timeout(60)
 def test_decode_slots_go_to_the_earliest_batch_first(numbered: list[str], tmp_path: Path) -> None:
-    """README "Fast first batch": decode slots go to the earliest batch of the epoch first.
-    With the zygote stopped the pool cannot start, so its slots stay closed while all 37
+    """README "Fast first batch": decode slots go to the earliest batch of the epoch first,
+    in the trainer's process (``loader_process=False``: a loader process is itself forked by
+    the zygote). With the zygote stopped the pool cannot start, so its slots stay closed while all 37
     reads finish, samples 0-2 last (their reads are slowed); every sample after the third
     hangs for longer than the test may run. Once the zygote runs again the slots open, to
     samples 0, 1 and 2 first: the first three batches arrive. Handed out in the order the
@@ -287,7 +296,14 @@ def test_decode_slots_go_to_the_earliest_batch_first(numbered: list[str], tmp_pa
     try:
         wait_for(lambda: stopped(zpid), "the zygote stopped")
         with Loader(
-            numbered, batch_size=1, shuffle=False, decode=hang, read=read, num_workers=2, io_concurrency=64
+            numbered,
+            batch_size=1,
+            shuffle=False,
+            decode=hang,
+            read=read,
+            num_workers=2,
+            io_concurrency=64,
+            loader_process=False,
         ) as loader:
             it = iter(loader)
             wait_for(lambda: log.is_file() and log.read_text().count("\n") == 37, "every read done")

@@ -1,12 +1,12 @@
 """Callables sent by value to the processes that run them.
 
-``decode`` runs in worker processes, and with ``loader_process=True`` ``read`` and
-``collate`` run in the loader process. Plain pickle sends a function by reference (module
-and name), so the receiving process must find it there: a lambda or a closure cannot be
-sent at all, and a function defined in ``__main__`` (a notebook cell, a script) is looked up
-in the receiver's copy of ``__main__``, which, in a process forked earlier, is a stale
-snapshot: an edited cell ran its old definition, and a function defined after the first
-loader started was missing.
+``decode`` runs in worker processes, and ``read`` and ``collate`` run in the loader process
+when there is one (``loader_process="auto"``, the default, or True). Plain pickle sends a
+function by reference (module and name), so the receiving process must find it there: a
+lambda or a closure cannot be sent at all, and a function defined in ``__main__`` (a
+notebook cell, a script) is looked up in the receiver's copy of ``__main__``, which, in a
+process forked earlier, is a stale snapshot: an edited cell ran its old definition, and a
+function defined after the first loader started was missing.
 
 cloudpickle, the library Ray, Dask and loky use for exactly this, sends what cannot be found
 by reference (``__main__``, lambdas, closures, classes defined in a notebook) by value and

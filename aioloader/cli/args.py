@@ -4,8 +4,9 @@ raises ``argparse.ArgumentTypeError`` with the text it was given."""
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
-__all__ = ["image_size", "int_or_auto", "positive_int"]
+__all__ = ["image_size", "int_or_auto", "loader_process", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -37,3 +38,12 @@ def int_or_auto(text: str) -> int | str:
         return positive_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or 'auto'") from None
+
+
+def loader_process(text: str) -> bool | Literal["auto"]:
+    """``auto``, ``true`` or ``false`` -> ``Loader(loader_process=...)`` (an argparse type)."""
+    choices: dict[str, bool | Literal["auto"]] = {"auto": "auto", "true": True, "false": False}
+    try:
+        return choices[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 'auto', 'true' or 'false'") from None

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aioloader.cli.args import int_or_auto
+from aioloader.cli.args import int_or_auto, loader_process
 from aioloader.cli.measure import compare_torch, measure_loader
 
 if TYPE_CHECKING:
@@ -72,6 +72,15 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--io-concurrency", type=int_or_auto, default="auto", help="reads in flight (default: %(default)s)"
+    )
+    p.add_argument(
+        "--loader-process",
+        type=loader_process,
+        default="auto",
+        metavar="{auto,true,false}",
+        help="where the pipeline runs: a loader process where one can be made (auto, the default; "
+        "with --trace, this process, where the trace is recorded), insist on one (true), or this "
+        "process (false)",
     )
     p.add_argument("--seconds", type=float, default=15.0, help="how long to load (default: %(default)s)")
     p.add_argument(
@@ -146,6 +155,12 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
     options = json.loads(args.storage_options) if args.storage_options else None
     decode = load_decode(args.decode)
     dataset = _dataset(args.source, options)
+    where = args.loader_process
+    if args.trace:
+        # The stage meters record the trace in this process: a loader process's are its own.
+        if where is True:
+            raise ValueError("--trace records the stages in this process: --loader-process auto or false")
+        where = False
     loader = Loader(
         dataset,
         batch_size=args.batch_size,
@@ -153,6 +168,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         num_workers=args.workers,
         io_concurrency=args.io_concurrency,
         storage_options=options,
+        loader_process=where,
     )
     config = loader.config
     tracer = Tracer() if args.trace else None
@@ -187,6 +203,9 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
             "io_concurrency": stats.io_concurrency,
             "num_workers_asked": "default" if args.workers is None else args.workers,
             "io_concurrency_asked": args.io_concurrency,
+            # Where the pipeline ran ("process" or "thread"), and what was asked for.
+            "runtime": loader.runtime,
+            "loader_process_asked": args.loader_process,
             "seconds": args.seconds,
         },
     )
@@ -207,6 +226,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
                 num_workers=workers,
                 io_concurrency=io,
                 storage_options=options,
+                loader_process=where,
             )
 
         result.tune = tune(make, usable_cpus(), args.tune_seconds, rounds=args.tune_rounds)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ class DemoOptions:
     crop: int = 224
     batch_size: int = 64
     workers: int | None = None
+    loader_process: bool | Literal["auto"] = "auto"
     epochs: int = 3
     steps: int | None = None
     device: str | None = None
@@ -218,8 +220,10 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = print) -> int:
         num_workers=workers,
         device=device if device.type == "cuda" else None,
         progress=True,  # a bar per epoch when stderr is a terminal
+        loader_process=opts.loader_process,
     )
     with loader:
+        say(f"    (loading {'in a loader process' if loader.runtime == 'process' else 'in this process'})")
         aio = [loader_epoch(loader, step, opts, e) for e in range(opts.epochs)]
     wall["aioloader"] = time.perf_counter() - t0
     _print_table(say, opts, {"sequential": seq, "aioloader": aio}, wall)

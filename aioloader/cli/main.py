@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from aioloader.cli.args import image_size, positive_int
+from aioloader.cli.args import image_size, loader_process, positive_int
 
 __all__ = ["build_parser", "default_cache_root", "main"]
 
@@ -99,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help="aioloader decode processes (default: the CPUs this process may use)",
+    )
+    demo.add_argument(
+        "--loader-process",
+        type=loader_process,
+        default="auto",
+        metavar="{auto,true,false}",
+        help="where aioloader's pipeline runs: a loader process where one can be made (auto, the "
+        "default), insist on one (true), or the training process (false)",
     )
     demo.add_argument(
         "--epochs",
@@ -185,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         crop=args.crop,
         batch_size=args.batch_size,
         workers=args.workers,
+        loader_process=args.loader_process,
         epochs=args.epochs,
         steps=args.steps,
         device=args.device,

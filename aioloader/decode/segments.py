@@ -25,7 +25,7 @@ leaves nothing), and ``aioloader doctor`` finds those of dead processes.
 ``AIOLOADER_SLABS`` chooses, read each time a slab pool is made (:func:`choose_kind`):
 ``auto`` (the default: memfd where possible, else ``/dev/shm``), ``memfd`` (memfd or no
 slabs: every sample is pickled), ``devshm`` (always ``/dev/shm``, e.g. to test the fallback).
-A loader process (``loader_process=True``) reads the environment it was forked with, the
+A loader process (the default, :mod:`aioloader.run.loaderproc`) reads the environment it was forked with, the
 zygote's: the process's as it was when its first loader started.
 """
 

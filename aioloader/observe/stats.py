@@ -275,7 +275,7 @@ class Counters:
 
     def loader_side(self) -> LoaderSide:
         """What the loading side counts (bytes, attempts, failures, retries, restarts), for
-        :meth:`absorb` in the trainer's process (``loader_process=True``)."""
+        :meth:`absorb` in the trainer's process (a loader process's counters)."""
         with self._lock:
             counts = (
                 self.bytes_read,

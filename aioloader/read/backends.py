@@ -10,11 +10,13 @@
 serves the protocol, and every storage option has an obstore name (an S3 profile from AWS
 config files has none: then fsspec, whose botocore reads them).
 
-obstore runs only in a loader process (``loader_process=True``): its tokio runtime, threads
-and epoll descriptors, lives until its process exits, so in the trainer's process it would
-outlive ``close()``; the loader process ends with it. :func:`resolve` settles this when the
-loader is made. A loader process forked after the trainer started a tokio runtime of its
-own would inherit the runtime without its threads (a hang), so then fsspec it is.
+obstore runs only in a loader process (``loader_process="auto"``, the default, or True): its
+tokio runtime, threads and epoll descriptors, lives until its process exits, so in the
+trainer's process it would outlive ``close()``; the loader process ends with it.
+:func:`resolve` settles this when the loader is made, and a loader that ends up in-process
+all the same (no zygote could be made) reads with fsspec (:mod:`aioloader.run.start`). A
+loader process forked after the trainer started a tokio runtime of its own would inherit
+the runtime without its threads (a hang), so then fsspec it is.
 
 Both raise their client's own errors; :class:`~aioloader.read.remote.RemoteStore` classifies
 them. Neither retries on its own: the reader's retries are the ones counted in ``stats``.
@@ -77,14 +79,16 @@ def tokio_started() -> bool:
 
 
 def resolve(preference: object, loader_process: bool) -> StorageBackend:
-    """``storage_backend`` as the loader will use it (see the module docstring); raises
+    """``storage_backend`` as the loader will use it (see the module docstring), for a
+    loader that starts in a loader process (``loader_process``) or in-process; raises
     ``ValueError`` for a value it does not know or obstore without a loader process."""
     if preference not in ("auto", "fsspec", "obstore"):
         raise ValueError(f"storage_backend={preference!r} must be 'auto', 'fsspec' or 'obstore'")
     if preference == "obstore" and not loader_process:
         raise ValueError(
-            "storage_backend='obstore' needs loader_process=True: obstore's runtime (threads, "
-            "epoll descriptors) lives until its process exits, and the loader process ends with close()"
+            "storage_backend='obstore' needs a loader process (loader_process='auto' or True): "
+            "obstore's runtime (threads, epoll descriptors) lives until its process exits, and "
+            "the loader process ends with close()"
         )
     if preference == "obstore":
         return "obstore"

@@ -1,5 +1,6 @@
-"""The loader process (``loader_process=True``): the event loop, the reads, the decode pool
-and ``collate`` of one loader, away from the trainer's process and its GIL.
+"""The loader process (``loader_process="auto"``, the default, or True): the event loop, the
+reads, the decode pool and ``collate`` of one loader, away from the trainer's process and its
+GIL.
 
 It is forked by the zygote (:mod:`aioloader.decode.zygote`), so it starts in milliseconds with what
 the trainer had imported, and asks the same zygote for its decode workers
@@ -297,8 +298,8 @@ class Host:
             data = pickle.dumps(msg, protocol=5)
         except Exception as exc:  # noqa: BLE001 - the trainer learns why, in order
             err = LoaderError(
-                f"batch {item.index} cannot be sent to the trainer's process "
-                f"(loader_process=True): {type(exc).__name__}: {exc}"
+                f"batch {item.index} cannot be sent from the loader process to the trainer's "
+                f"(loader_process=False collates there): {type(exc).__name__}: {exc}"
             )
             self.send(("fail", run_id, pack_error(err), counts))
             for segment in spilled:

@@ -3,7 +3,7 @@ decode pool, the slab pool, the collate thread and the :class:`~aioloader.engine
 
 :func:`build` makes them for one loader; :meth:`Pipeline.close` stops them. The trainer's
 process runs them on its ``aioloader-loop`` thread (:mod:`aioloader.run.runtime`), or a loader process
-of their own does (:mod:`aioloader.run.loaderproc`, ``loader_process=True``).
+of their own does (:mod:`aioloader.run.loaderproc`, the default).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The trainer's side of a loader that runs in a loader process (``loader_process=True``).
+"""The trainer's side of a loader that runs in a loader process (``loader_process="auto"``,
+the default, or True, where a zygote can be made).
 
 :class:`ProcessRuntime` has the interface of :class:`~aioloader.run.runtime.Runtime`
 (``start_run``, ``copier``, ``check_owner``, ``shutdown``), but the trainer's process holds

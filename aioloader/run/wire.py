@@ -1,4 +1,5 @@
-"""How a batch crosses from the loader process to the trainer's (``loader_process=True``).
+"""How a batch crosses from the loader process to the trainer's (``loader_process="auto"``,
+the default, or True).
 
 A batch's arrays and tensors that view one of the loader's shared-memory slabs travel as
 :class:`SlabRef` (which slab, where in it, shape, strides, dtype); so does an array of ordinary memory of
