@@ -69,7 +69,11 @@ def _name(data: bytes) -> str:
 @pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
 def test_the_learning_batches_are_trimmed_once(numbered: list[str], process: bool, runtimes) -> None:  # type: ignore[no-untyped-def]
     runtimes.expect(process)
-    with Loader(numbered, batch_size=8, decode=_image, num_workers=2, loader_process=process) as loader:
+    # collate=list: the first batches' samples (150 KB each, below the size that would cross
+    # through a segment of its own, aioloader/run/wire.py) reach the trainer pickled.
+    with Loader(
+        numbered, batch_size=8, decode=_image, collate=list, num_workers=2, loader_process=process
+    ) as loader:
         for _ in range(2):
             assert sum(len(b) for b in loader) == len(numbered)
         rt = loader._runtime

@@ -2,8 +2,9 @@
 
 Until a decoder's sample layout is learned (:mod:`aioloader.decode.layout`), the first
 batches' samples cross between processes pickled: from a worker to the loop, and with a
-loader process, from there to the trainer. Each is megabytes, allocated and freed by one
-thread. glibc's malloc keeps what a thread freed in that thread's arena (and, having freed a
+loader process, from there to the trainer (where a ``collate`` leaves them separate arrays:
+one large array crosses through a segment of its own, :func:`aioloader.run.wire.spill`).
+Each batch is megabytes, allocated and freed by one thread. glibc's malloc keeps what a thread freed in that thread's arena (and, having freed a
 large mmapped block, raises its mmap threshold so that the next ones come from the arena
 too), so those few batches stay resident for the life of the process: 35 MiB of the trainer's
 process, measured with a loader process (benchmarks/RESULTS.md, section 20). Once the
