@@ -41,9 +41,10 @@ def test_trim_gives_back_what_a_thread_freed() -> None:
     batch's samples) leaves the process's dirty memory with one trim."""
 
     def churn() -> None:
-        # A large block first: freeing it raises glibc's mmap threshold, so the 150 KB
-        # blocks that follow come from this thread's arena, as a batch's samples do.
-        big = np.ones(48 << 20, dtype=np.uint8)
+        # A large block first: freeing it raises glibc's mmap threshold to its size (a
+        # block above 32 MiB would not), so the 150 KB blocks that follow come from this
+        # thread's arena, as a batch's samples do.
+        big = np.ones(16 << 20, dtype=np.uint8)
         del big
         blocks = [np.ones(150_528, dtype=np.uint8) for _ in range(256)]  # 37 MiB
         del blocks

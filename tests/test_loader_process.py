@@ -297,6 +297,21 @@ def test_large_tensors_a_collate_builds_cross_through_shared_memory(numbered: li
     assert slab_mappings() == []
 
 
+def _intra_op_threads(samples: list[Any]) -> torch.Tensor:
+    return torch.tensor([torch.get_num_threads()] * len(samples))
+
+
+def test_collate_runs_with_one_intra_op_thread(numbered: list[str]) -> None:
+    """The loader process is a fork of a trainer whose OpenMP pool may be running: a
+    parallel torch op there would wait forever for threads the fork did not copy."""
+    torch.ones(1 << 22).add_(1)  # this process's pool is up
+    with Loader(
+        numbered, batch_size=8, decode=decode_number, collate=_intra_op_threads, num_workers=1
+    ) as loader:
+        assert {int(v) for b in loader for v in b} == {1}
+        assert loader.runtime == "process"
+
+
 def test_without_a_zygote_it_loads_in_process_and_says_so(tmp_path: Path, numbered: list[str]) -> None:
     """A process whose first loader starts while an ``aioloader-*`` thread already runs
     cannot fork a zygote (module docstring of aioloader.decode.zygote): the loader runs in

@@ -4,11 +4,12 @@ Until a decoder's sample layout is learned (:mod:`aioloader.decode.layout`), the
 batches' samples cross between processes pickled: from a worker to the loop, and with a
 loader process, from there to the trainer (where a ``collate`` leaves them separate arrays:
 one large array crosses through a segment of its own, :func:`aioloader.run.wire.spill`).
-Each batch is megabytes, allocated and freed by one thread. glibc's malloc keeps what a thread freed in that thread's arena (and, having freed a
-large mmapped block, raises its mmap threshold so that the next ones come from the arena
-too), so those few batches stay resident for the life of the process: 35 MiB of the trainer's
-process, measured with a loader process (benchmarks/RESULTS.md, section 20). Once the
-burst is over, one ``malloc_trim(0)`` returns it.
+Each batch is megabytes, allocated and freed by one thread. glibc's malloc keeps what a
+thread freed in that thread's arena (and, having freed a large mmapped block, raises its
+mmap threshold so that the next ones come from the arena too), so those few batches stay
+resident for the life of the process: 35 MiB of the trainer's process, measured with a
+loader process (benchmarks/RESULTS.md, section 20). Once the burst is over, one
+``malloc_trim(0)`` returns it.
 
 :class:`BurstTrim` is the decision (pure); :func:`trim` the call, a no-op where the C
 library has no ``malloc_trim`` (musl, macOS).

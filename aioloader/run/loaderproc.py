@@ -32,6 +32,7 @@ import os
 import pickle
 import secrets
 import signal
+import sys
 import threading
 from collections import defaultdict, deque
 from multiprocessing.connection import Connection
@@ -71,6 +72,12 @@ def main(
     process."""
     lifeline.become("loader")
     lifeline.follow_parent()
+    torch = sys.modules.get("torch")  # imported by the trainer this process is a fork of
+    if torch is not None:
+        # One intra-op thread, as DataLoader's workers and ours have: the trainer's OpenMP
+        # pool did not survive the fork, and a parallel torch op here (a collate's, or a
+        # large copy) would wait for its threads forever (seen on 16 cores, benchmarks/RESULTS.md).
+        torch.set_num_threads(1)
     # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.freeze()  # what was copied from the trainer is never collected here
