@@ -264,13 +264,16 @@ class BigCollate:
 
 
 def test_large_tensors_a_collate_builds_cross_through_shared_memory(numbered: list[str]) -> None:
-    """Not the pipe: one copy in the loader process into a one-shot segment the trainer
-    maps; each segment goes when the trainer lets go of its batch, and at close."""
+    """Not the pipe: one copy in the loader process into a segment the trainer maps. A
+    segment is reused once the trainer lets go of its batch, never while a batch shows it,
+    and every one goes at close."""
     with Loader(
         numbered, batch_size=16, decode=number_image, collate=BigCollate(), num_workers=2, loader_process=True
     ) as loader:
         pid = loader_pid()
-        for _ in range(2):
+        kept: dict[str, torch.Tensor] | None = None
+        names: list[str] = []
+        for _ in range(4):
             batches = list(loader)
             assert sorted(int(v) for b in batches for v in b["n"]) == list(range(37))
             for b in batches:
@@ -278,20 +281,24 @@ def test_large_tensors_a_collate_builds_cross_through_shared_memory(numbered: li
                 name = shm_mapping(b["big"], maker=pid)
                 if b["big"].nbytes >= SPILL_BYTES:
                     assert name is not None and name.startswith(f"aioloader-{pid}-s")
+                    names.append(name)
                 else:
                     assert name is None  # smaller: cheaper pickled
                 assert shm_mapping(b["n"], maker=pid) is None
-            kept = batches[0]
+            if kept is None:  # the first batch is held to the end: its segment is never reused
+                kept = batches[0]
+                snapshot = kept["big"].clone()
             del batches, b
             gc.collect()
-        # The loader process closes a spilled segment once the trainer lets go of its batch:
-        # only the one batch still held keeps one.
-        deadline = time.monotonic() + 10
-        while len(spilled(pid)) > 1 and time.monotonic() < deadline:
+        assert len(names) == 8 and len(set(names)) < len(names)  # reused
+        assert names.count(names[0]) == 1  # ... but never the held batch's
+        assert torch.equal(kept["big"], snapshot)
+        deadline = time.monotonic() + 10  # R lines travel back to the loader process
+        while len(spilled(pid)) > loader._config.prefetch + 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(spilled(pid)) == 1
+        assert len(spilled(pid)) <= loader._config.prefetch + 3  # kept for reuse, and the held one
     assert is_gone(pid)
-    assert torch.equal(kept["big"][:, 0], kept["n"].to(torch.int32))  # held batches stay valid after close
+    assert torch.equal(kept["big"], snapshot)  # held batches stay valid after close
     del kept
     gc.collect()
     assert slab_mappings() == []

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import logging
 import multiprocessing as mp
 import os
 import pickle
-import secrets
 import signal
 import sys
 import threading
@@ -43,12 +41,12 @@ from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode import zygote
 from aioloader.decode.segments import Segment, choose_kind
-from aioloader.decode.slabs import PREFIX
 from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint, plan_for
 from aioloader.read.urls import is_remote
 from aioloader.run.pipeline import Pipeline, build
+from aioloader.run.spills import SpillPool
 from aioloader.run.wire import Located, encode, pack_error, spill
 from aioloader.safety import lifeline
 
@@ -159,12 +157,13 @@ class Host:
         # The values of batches the trainer still views, by slab name.
         self.held: defaultdict[str, deque[Any]] = defaultdict(deque)
         self._partial = b""
-        # Where spilled leaves go (aioloader/run/wire.py): as the slabs do, or nowhere.
+        # Where spilled leaves go (aioloader/run/wire.py): as the slabs do, or nowhere. As
+        # many are kept for reuse as batches can be on their way to the trainer, and two.
         try:
-            self._kind = choose_kind()
+            kind = choose_kind()
         except LoaderError:  # a bad AIOLOADER_SLABS: the pipeline's build reports it
-            self._kind = None
-        self._spills = itertools.count()
+            kind = None
+        self.spills = SpillPool(kind, config.prefetch + 2) if kind is not None else None
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -199,6 +198,8 @@ class Host:
                     if isinstance(value, Segment):
                         value.close()
             self.held.clear()
+            if self.spills is not None:
+                self.spills.close()
             try:
                 await asyncio.wait_for(self.parts.reader.aclose(), timeout=2.0)
             except Exception:  # noqa: BLE001 - closing must go on
@@ -244,8 +245,8 @@ class Host:
                 values = self.held.get(name)
                 if values:
                     value = values.popleft()  # its views go: the slab returns to the pool
-                    if isinstance(value, Segment):
-                        value.close()
+                    if isinstance(value, Segment) and self.spills is not None:
+                        self.spills.give(value)  # for the next batch's spilled leaves
                         del self.held[name]
             elif kind == b"C" and int(arg) == self.run_id and self.credits is not None:
                 self.credits.release()
@@ -299,7 +300,7 @@ class Host:
         slabs = self.parts.slabs.live_slabs() if self.parts is not None and self.parts.slabs else []
         located = [Located(s.handle, s.address, s.layout.size) for s in slabs]
         treedef, leaves, handles = encode(item.value, located)
-        spilled = spill(leaves, handles, self._segment) if self._kind is not None else []
+        spilled = spill(leaves, handles, self.spills.take) if self.spills is not None else []
         msg = ("item", run_id, item.index, item.size, item.done, treedef, leaves, handles, counts)
         try:
             data = pickle.dumps(msg, protocol=5)
@@ -310,16 +311,10 @@ class Host:
             )
             self.send(("fail", run_id, pack_error(err), counts))
             for segment in spilled:
-                segment.close()
+                self.spills.give(segment)  # type: ignore[union-attr]
             return
         for handle in handles[: len(handles) - len(spilled)]:
             self.held[handle.name].append(item.value)
-        for segment in spilled:  # one-shot: closed when the trainer lets go of it
+        for segment in spilled:  # back to the pool when the trainer lets go of it
             self.held[segment.handle.name].append(segment)
         self.send.raw(data)
-
-    def _segment(self, nbytes: int) -> Segment:
-        """A one-shot segment for :func:`~aioloader.run.wire.spill`."""
-        assert self._kind is not None
-        name = f"{PREFIX}{os.getpid()}-s{next(self._spills)}-{secrets.token_hex(4)}"
-        return Segment(name, nbytes, self._kind)
