@@ -1,4 +1,5 @@
-"""Peak memory of a whole epoch: does it grow with the dataset? aioloader vs DataLoader.
+"""Peak memory of a whole epoch: does it grow with the dataset? aioloader (its defaults: a
+loader process; and ``loader_process=False``) vs DataLoader.
 
 For each loader and each dataset size (default 2,000 and 20,000 JPEGs of 500x375; the
 larger set is copies of the smaller one's files), a fresh
@@ -8,8 +9,9 @@ number of worker processes) while a thread samples, every 20 ms:
 - PSS of the loader's process and all its descendants (worker processes, aioloader's fork
   server), from ``/proc/<pid>/smaps_rollup``. PSS splits each shared page between the
   processes mapping it, so shared memory (slabs, torch's shared tensors) counts once;
-- bytes of that process's slabs (aioloader's memfd slabs it holds, or its segments in
-  ``/dev/shm`` with ``AIOLOADER_SLABS=devshm``; mapped or not).
+- bytes of the slabs made in that process tree (the loader process makes them by default:
+  memfd slabs any process of the tree holds, or segments in ``/dev/shm`` with
+  ``AIOLOADER_SLABS=devshm``; mapped or not; each once).
 
 The report gives each peak and the 20,000 / 2,000 ratio per loader (1.00 = memory does not
 depend on the dataset size), and checks that no ``aioloader-*`` slab is left after
@@ -34,26 +36,37 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+IN_PROCESS = "aioloader, in-process"
+#: DataLoader, aioloader with its defaults (a loader process), and loader_process=False.
+LOADERS = ("DataLoader", "aioloader", IN_PROCESS)
 sys.path.insert(0, str(HERE))
 from userfns import descendants, pss_bytes  # noqa: E402
 
 
-def shm_bytes(pid: int) -> int:
-    """Allocated bytes of ``pid``'s slabs: memfd ones it holds, its /dev/shm segments."""
+def shm_bytes(pids: list[int], any_maker: bool = False) -> int:
+    """Allocated bytes of the slabs made by any of ``pids`` (the process tree: the loader
+    process makes them by default): memfd ones any of them holds, their /dev/shm segments;
+    each counted once."""
     sizes = {}
+    makers = ("aioloader-",) if any_maker else tuple(f"aioloader-{p}-" for p in pids)
     for name in os.listdir("/dev/shm"):
-        if name.startswith(f"aioloader-{pid}-"):
+        if name.startswith(makers):
             try:
                 sizes[name] = os.stat(os.path.join("/dev/shm", name)).st_blocks * 512
             except OSError:
                 pass
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    for pid in pids:
         try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if link.startswith(f"/memfd:aioloader-{pid}-"):  # a slab may have two fds: count it once
-                sizes[link] = os.stat(f"/proc/{pid}/fd/{fd}").st_blocks * 512
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
-            pass
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith(tuple("/memfd:" + m for m in makers)):  # one slab, several fds
+                    sizes[link] = os.stat(f"/proc/{pid}/fd/{fd}").st_blocks * 512
+            except OSError:
+                pass
     return sum(sizes.values())
 
 
@@ -74,7 +87,7 @@ class Sampler(threading.Thread):
             self.peak_main = max(self.peak_main, main)
             self.peak_workers = max(self.peak_workers, workers)
             self.peak_total = max(self.peak_total, main + workers)
-            self.peak_shm = max(self.peak_shm, shm_bytes(me))
+            self.peak_shm = max(self.peak_shm, shm_bytes(pids))
 
 
 def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, float]:
@@ -105,7 +118,8 @@ def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, fl
             samples += len(labels)
         del dl
     else:
-        with Loader(files, batch_size=batch, decode=decode, num_workers=workers) as loader:
+        extra = {"loader_process": False} if loader_name == IN_PROCESS else {}
+        with Loader(files, batch_size=batch, decode=decode, num_workers=workers, **extra) as loader:
             for _images, labels in loader:
                 samples += len(labels)
     seconds = time.perf_counter() - start
@@ -114,7 +128,7 @@ def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, fl
     sampler.join()
     del _images, labels  # the last batch: its mapping of a slab would count as left
     gc.collect()
-    left = shm_bytes(os.getpid())
+    left = shm_bytes([os.getpid()], any_maker=True)  # whoever made them
     return {
         "total": sampler.peak_total,
         "main": sampler.peak_main,
@@ -173,7 +187,7 @@ def main() -> int:
     make_image_folder(base, num_images=min(args.sizes), num_classes=10, size=(width, height))
     for n in args.sizes:
         folder = copies(base, n)
-        for name in ("DataLoader", "aioloader"):
+        for name in LOADERS:
             cmd = [sys.executable, __file__, "--one", name, str(folder)]
             cmd += ["--workers", str(args.workers), "--batch-size", str(args.batch_size)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -194,11 +208,12 @@ def main() -> int:
         )
     lo, hi = min(args.sizes), max(args.sizes)
     print()
-    for name in ("DataLoader", "aioloader"):
+    for name in LOADERS:
         a, b = results[(name, lo)], results[(name, hi)]
         print(f"- {name}: peak total at {hi:,} files / at {lo:,} files = {b['total'] / a['total']:.3f}")
-    ratio = results[("aioloader", hi)]["total"] / results[("DataLoader", hi)]["total"]
-    print(f"- aioloader / DataLoader peak total at {hi:,} files = {ratio:.2f}")
+    for name in LOADERS[1:]:
+        ratio = results[(name, hi)]["total"] / results[("DataLoader", hi)]["total"]
+        print(f"- {name} / DataLoader peak total at {hi:,} files = {ratio:.2f}")
     return 0
 
 
