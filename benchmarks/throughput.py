@@ -615,7 +615,7 @@ def print_cost(loads: list[Workload], runs: dict[tuple[str, str], list[Run]], un
         "alone costs on one core, measured at the start of this run (0 without a decode): what the loader "
         "itself costs. Two decodes running at once on this machine's two cores are each a few % slower than "
         "one alone, so part of every loader's overhead is that contention. Peak PSS: the largest sum over "
-        "the trainer and all its descendants (/proc/<pid>/smaps_rollup, sampled every 20 ms; shared pages "
+        "the trainer and all its descendants (/proc/<pid>/smaps_rollup, sampled every 250 ms; shared pages "
         "split between their holders, so shared memory counts once). Below 1x is better for both."
     )
 
