@@ -35,30 +35,73 @@ __all__ = [
 
 
 def read_file(path: str) -> bytes:
-    """Read a whole file with one open and, for a stable file, one read call."""
-    with open(local_path(path), "rb", buffering=0) as f:
-        return f.readall()
+    """Read a whole file: open, fstat, one read of its size and a byte more, close.
+
+    Four system calls and no file object: a page-cached file of a few KB reads about twice
+    as fast as through ``open(...).readall()``, which adds a file object, an lseek, a second
+    fstat and a last read to see the end. The byte more sees the end in the same read; a
+    file that grew while read is read on to its end, one that shrank gives what is there.
+    """
+    fd = _open(path)
+    try:
+        return _read_all(fd, os.fstat(fd).st_size)
+    except OSError as exc:
+        raise _named(exc, path) from None
+    finally:
+        os.close(fd)
 
 
 def read_into(path: str, arena: Arena) -> Source:
     """Read ``path`` straight into ``arena`` (no intermediate bytes object); the bytes
     themselves when it does not fit or changed size while being read."""
-    with open(local_path(path), "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
+    fd = _open(path)
+    try:
+        size = os.fstat(fd).st_size
         off = arena.alloc(size) if size > 0 else None
         if off is None:
-            return f.readall()
+            return _read_all(fd, size)
         view = arena.buf[off : off + size]
+        extra = bytearray(1)  # a byte past the end, in the same call: whether it grew
         got = 0
         while got < size:
-            n = f.readinto(view[got:])
+            n = os.readv(fd, [view[got:], extra])
             if not n:
                 break
             got += n
-        if got < size or f.read(1):  # shrank or grew under us: take what is there now
-            f.seek(0)
-            return f.readall()
+        if got < size:  # shrank under us: what is there
+            return bytes(view[:got])
+        if got > size:  # grew under us: read on to its end
+            return _read_rest(fd, bytes(view) + bytes(extra))
         return (off, size)
+    except OSError as exc:
+        raise _named(exc, path) from None
+    finally:
+        os.close(fd)
+
+
+def _open(path: str) -> int:
+    return os.open(local_path(path), os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The rest of ``fd``, ``size`` bytes long as far as fstat knows."""
+    data = os.read(fd, size + 1)
+    return data if len(data) <= size else _read_rest(fd, data)
+
+
+def _read_rest(fd: int, head: bytes) -> bytes:
+    """``head`` and whatever follows it in ``fd``, to the end."""
+    parts = [head]
+    while more := os.read(fd, 1 << 20):
+        parts.append(more)
+    return b"".join(parts)
+
+
+def _named(exc: OSError, path: str) -> OSError:
+    """``exc`` naming ``path`` (a failed read or fstat, unlike a failed open, names no file)."""
+    if exc.filename is None:
+        exc.filename = path
+    return exc
 
 
 def read_span(path: str, span: tuple[int, int], arena: Arena | None) -> Source:
@@ -148,19 +191,25 @@ def timed(pace: ReadPace, fn: Callable[..., Source], *args: Any) -> Source:
         pace.observe(time.perf_counter() - start)
 
 
-def read_group(one: Callable[[str], Source], paths: list[str], pace: ReadPace) -> list[Source | OSError]:
-    """Read ``paths`` in order on this thread until one read is slow or the budget is spent;
-    the results of those attempted (the rest are left to the caller)."""
+def read_group(
+    one: Callable[[str], Source], paths: list[str], pace: ReadPace
+) -> tuple[list[Source | OSError], bool]:
+    """Read ``paths`` in order on this thread until one read is slow or the budget is spent:
+    the results of those attempted (the rest are left to the caller), and whether the last
+    was slow."""
     out: list[Source | OSError] = []
-    start = time.perf_counter()
+    start = t = time.perf_counter()
+    slow = pace.slow
     for path in paths:
-        t = time.perf_counter()
         try:
             out.append(one(path))
         except OSError as exc:
             out.append(exc.with_traceback(None))
         now = time.perf_counter()
         pace.observe(now - t)
-        if now - t > pace.slow or now - start > pace.budget:
+        if now - t > slow:
+            return out, True
+        if now - start > pace.budget:
             break
-    return out
+        t = now
+    return out, False

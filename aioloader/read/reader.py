@@ -51,6 +51,7 @@ from aioloader.read.blocking import (
     timed,
 )
 from aioloader.read.remote import RemoteStore
+from aioloader.read.routing import LOOP, SINGLES, Route, route
 from aioloader.read.urls import is_remote, redact
 
 __all__ = ["FileReader", "ReadPace", "Source", "read_file"]  # ReadPace, read_file: from .blocking
@@ -118,6 +119,7 @@ class FileReader:
         storage_backend: StorageBackend = "auto",
         meter: StageMeter | None = None,
         max_io: int | None = None,
+        loop_free: bool = False,
     ) -> None:
         #: Reads in flight at most, now (see :meth:`set_limit`).
         self.io_concurrency = io_concurrency
@@ -130,6 +132,9 @@ class FileReader:
         self._on_retry = on_retry
         self.pace = ReadPace()
         self._plain = read or read_file
+        self._own = read is None
+        #: Nothing else on the loop waits at short notice: fast groups may read on it.
+        self.loop_free = loop_free
         self._plain_into = read_into if read is None else partial(store, read)
         # One file per hop: timed on the I/O thread, so the pace sees the read, not its wait.
         self._read = wrap(partial(timed, self.pace, self._plain))
@@ -212,29 +217,35 @@ class FileReader:
         """The bytes (or the :class:`SampleError`) of each ``(index, path)`` (only the
         ``(offset, length)`` of ``spans[i]`` when given), as :meth:`fetch` would give them;
         while reads of whole local files are fast (and no ``timeout`` bounds them), several
-        are read in one hop (see the module docstring)."""
+        are read one after another, on a read thread or on the loop itself
+        (:func:`~aioloader.read.routing.route`)."""
         done: list[Source | SampleError] = []
-        failed: OSError | None = None  # a transient error of the group: retried below
+        failed: OSError | None = None  # a transient error of a group: retried below
         local = self.remote is None or not any(is_remote(path) for _, path in items)
         whole = spans is None or all(s is None for s in spans)
-        if timeout is None and self.pace.fast and len(items) > 1 and local and whole:
-            paths = [path for _, path in items]
-            one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
-            if self._groups is None:
-                self._groups = asyncio.Semaphore(GROUP_THREADS)
-            async with self._groups, self._slots().slot(()):
-                loop = asyncio.get_running_loop()
-                entered = self.meter.enter()  # one I/O slot, its files read one after another
-                got: list[Source | OSError] = []
-                try:
-                    got = await loop.run_in_executor(self._pool, read_group, one, paths, self.pace)
-                finally:
-                    self.meter.leave(entered, per=len(got))
-            for (index, path), res in zip(items, got, strict=False):
-                if isinstance(res, OSError) and res.errno in TRANSIENT:
+        slow = False  # a group stopped at a slow read: the rest go one per hop
+        while len(done) < len(items) and failed is None and not slow:
+            way = route(
+                files=len(items) - len(done),
+                fast=self.pace.fast,
+                local=local,
+                whole=whole,
+                timeout=timeout,
+                own_read=self._own,
+                loop_free=self.loop_free,
+            )
+            if way == SINGLES:
+                break
+            start = len(done)
+            got, slow = await self._group(way, [path for _, path in items[start:]], arena)
+            for (index, path), res in zip(items[start:], got, strict=False):
+                if type(res) is bytes and res:  # the common case first: a file read whole
+                    done.append(res)
+                elif isinstance(res, OSError) and res.errno in TRANSIENT:
                     failed = res
                     break
-                done.append(_checked(res, path, index, self.io_concurrency))
+                else:
+                    done.append(_checked(res, path, index, self.io_concurrency))
         start = len(done)
         if start < len(items):
             singles = [
@@ -246,6 +257,33 @@ class FileReader:
             ]
             done.extend(await asyncio.gather(*singles))
         return done
+
+    async def _group(
+        self, way: Route, paths: list[str], arena: Arena | None
+    ) -> tuple[list[Source | OSError], bool]:
+        """``paths`` read one after another (on the loop, or in one hop to a read thread)
+        until one is slow or the group's budget is spent (see :func:`read_group`)."""
+        one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
+        if way == LOOP:
+            entered = self.meter.enter()
+            got: tuple[list[Source | OSError], bool] = ([], False)
+            try:
+                got = read_group(one, paths, self.pace)
+            finally:
+                self.meter.leave(entered, per=len(got[0]))
+            await asyncio.sleep(0)  # what else waits on the loop runs between groups
+            return got
+        if self._groups is None:
+            self._groups = asyncio.Semaphore(GROUP_THREADS)
+        async with self._groups, self._slots().slot(()):
+            loop = asyncio.get_running_loop()
+            entered = self.meter.enter()  # one I/O slot, its files read one after another
+            got = ([], False)
+            try:
+                got = await loop.run_in_executor(self._pool, read_group, one, paths, self.pace)
+            finally:
+                self.meter.leave(entered, per=len(got[0]))
+            return got
 
     async def _fetch_or_error(
         self,

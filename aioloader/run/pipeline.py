@@ -133,6 +133,7 @@ def build(
         storage_backend=config.storage_backend,
         meter=counters.meters["read"],
         max_io=max_io,
+        loop_free=config.decode is None,  # no decode stage waits on the loop's attention
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
     engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid)

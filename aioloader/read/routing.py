@@ -1,0 +1,52 @@
+"""Which way a chunk of reads goes (pure: no I/O, no event loop; the reader asks
+:func:`route` before each chunk, :class:`~aioloader.read.reader.FileReader` does what it says).
+
+Three ways, cheapest per file first:
+
+- ``LOOP``: the files one after another on the event loop itself, no executor hop. A
+  page-cached file reads in a few microseconds, less than a hop costs (a thread wake-up,
+  two futures, the loop's callbacks and GIL hand-offs between the threads). Only for the
+  library's own reads of whole local files, which cannot hang the loop for longer than a
+  slow read (the group stops at its first), and only where nothing else on the loop needs
+  it at short notice (no decode stage waiting on its results).
+- ``THREAD``: the files one after another on one read thread (one hop for the chunk); a
+  custom ``read`` may block in ways only the reader's pace sees, so it goes here.
+- ``SINGLES``: one hop (or, for a URL, one coroutine) per file, thousands in flight: what
+  slow storage needs, and what a ``sample_timeout`` needs (a read past it is abandoned
+  alone).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["LOOP", "SINGLES", "THREAD", "Route", "route"]
+
+Route = Literal["loop", "thread", "singles"]
+LOOP: Route = "loop"
+THREAD: Route = "thread"
+SINGLES: Route = "singles"
+
+
+def route(
+    *,
+    files: int,
+    fast: bool,
+    local: bool,
+    whole: bool,
+    timeout: float | None,
+    own_read: bool,
+    loop_free: bool,
+) -> Route:
+    """The way ``files`` reads go.
+
+    ``fast``: recent reads were fast (:class:`~aioloader.read.blocking.ReadPace`); ``local``:
+    no URL among them; ``whole``: whole files, no byte ranges; ``timeout``: the
+    ``sample_timeout``; ``own_read``: the library's reads, not a custom ``read``;
+    ``loop_free``: nothing else on the loop waits on it at short notice.
+    """
+    if files < 2 or not fast or not local or not whole or timeout is not None:
+        return SINGLES
+    if own_read and loop_free:
+        return LOOP
+    return THREAD
