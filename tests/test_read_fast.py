@@ -200,3 +200,22 @@ def test_a_transient_error_on_the_loop_is_retried(files: list[str], monkeypatch:
     got = fetch(reader, files)
     assert got == [Path(p).read_bytes() for p in files]
     assert retried == [files[4]]
+
+
+@pytest.mark.parametrize("hint", [1, 13, 4096, blocking.HINT_MAX, blocking.HINT_MAX + 1])
+def test_a_size_hint_never_changes_the_bytes(tmp_path: Path, files: list[str], hint: int) -> None:
+    """Hinted smaller, equal or larger than the file (or past what a hint may be): the
+    file's bytes, whole."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(200_000))
+    for p in [files[0], str(big)]:
+        assert read_file(p, hint) == Path(p).read_bytes()
+
+
+def test_hinted_reads_learn_the_size(files: list[str], tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(5000))
+    one = blocking.HintedRead()
+    for p in [files[0], files[1], str(big), files[2]]:
+        assert one(p) == Path(p).read_bytes()
+    assert one.hint == 5000

@@ -21,6 +21,8 @@ from aioloader.read.urls import local_path
 
 __all__ = [
     "GROUP_THREADS",
+    "HINT_MAX",
+    "HintedRead",
     "ReadPace",
     "check_span",
     "into",
@@ -34,21 +36,48 @@ __all__ = [
 ]
 
 
-def read_file(path: str) -> bytes:
+#: The largest size hint a read trusts (:func:`read_file`): a read allocates what it is
+#: hinted, and past glibc's mmap threshold (128 KiB) each allocation would map fresh pages.
+HINT_MAX = 64 * 1024
+
+
+def read_file(path: str, hint: int = 0) -> bytes:
     """Read a whole file: open, fstat, one read of its size and a byte more, close.
 
     Four system calls and no file object: a page-cached file of a few KB reads about twice
     as fast as through ``open(...).readall()``, which adds a file object, an lseek, a second
     fstat and a last read to see the end. The byte more sees the end in the same read; a
     file that grew while read is read on to its end, one that shrank gives what is there.
+
+    ``hint``: the size the file probably has (the largest of its neighbours': see
+    :class:`HintedRead`). Up to :data:`HINT_MAX`, the read asks for that and a byte more
+    without an fstat (a fifth less time for a page-cached file of a few KB); a file that
+    turns out larger is read on to its end.
     """
     fd = _open(path)
     try:
+        if 0 < hint <= HINT_MAX:
+            data = os.read(fd, hint + 1)
+            return data if len(data) <= hint else _read_rest(fd, data)
         return _read_all(fd, os.fstat(fd).st_size)
     except OSError as exc:
         raise _named(exc, path) from None
     finally:
         os.close(fd)
+
+
+class HintedRead:
+    """:func:`read_file` for the files of one group, one after another on one thread, each
+    hinted with the largest size read before it: files of a dataset tend to be alike."""
+
+    def __init__(self) -> None:
+        self.hint = 0
+
+    def __call__(self, path: str) -> bytes:
+        data = read_file(path, self.hint)
+        if len(data) > self.hint:
+            self.hint = len(data)
+        return data
 
 
 def read_into(path: str, arena: Arena) -> Source:
@@ -92,8 +121,10 @@ def _read_all(fd: int, size: int) -> bytes:
 def _read_rest(fd: int, head: bytes) -> bytes:
     """``head`` and whatever follows it in ``fd``, to the end."""
     parts = [head]
-    while more := os.read(fd, 1 << 20):
+    want = max(os.fstat(fd).st_size - len(head), 0) + 1
+    while more := os.read(fd, want):
         parts.append(more)
+        want = max(want, 65536)
     return b"".join(parts)
 
 

@@ -39,6 +39,7 @@ from aioloader.observe.stages import StageMeter
 from aioloader.read.backends import StorageBackend
 from aioloader.read.blocking import (
     GROUP_THREADS,
+    HintedRead,
     ReadPace,
     check_span,
     into,
@@ -263,7 +264,11 @@ class FileReader:
     ) -> tuple[list[Source | OSError], bool]:
         """``paths`` read one after another (on the loop, or in one hop to a read thread)
         until one is slow or the group's budget is spent (see :func:`read_group`)."""
-        one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
+        one: Callable[[str], Source]
+        if arena is not None:
+            one = partial(self._plain_into, arena=arena)
+        else:
+            one = HintedRead() if self._own else self._plain
         if way == LOOP:
             entered = self.meter.enter()
             got: tuple[list[Source | OSError], bool] = ([], False)
