@@ -243,8 +243,9 @@ class Engine:
         None for a sample that failed and is skipped."""
         self.policy.attempted(len(rows))
         arena = slab.input if slab is not None and self._decoder is not None else None
-        items = [(indices[r], self._ds.path(indices[r])) for r in rows]
-        spans = [self._ds.span(index) for index, _ in items] if self._ds.has_spans else None
+        chosen = [indices[r] for r in rows]
+        items = list(zip(chosen, self._ds.paths_of(chosen), strict=True))
+        spans = [self._ds.span(index) for index in chosen] if self._ds.has_spans else None
         sources: list[Source | None] = []
         total = 0
         for res in await self._reader.fetch_many(items, arena, self._cfg.sample_timeout, spans):
