@@ -78,7 +78,7 @@ class PathTable(Sequence[str]):
         starts = self._offsets[idx].tolist()
         ends = self._offsets[idx + 1].tolist()
         folders = self._folders
-        names = memoryview(self._names)
+        names = self._names.data  # a memoryview: names decoded from it, not copied first
         return [
             folders[f] + str(names[a:b], "utf-8", "surrogateescape")
             for a, b, f in zip(starts, ends, self._folder_ids[idx].tolist(), strict=True)
