@@ -18,7 +18,7 @@ from helpers import write_numbered_files
 
 from aioloader import ReadError
 from aioloader.decode.slabs import Arena
-from aioloader.read import blocking
+from aioloader.read import blocking, mounts
 from aioloader.read.blocking import read_file, read_into
 from aioloader.read.reader import FileReader
 from aioloader.read.routing import LOOP, SINGLES, THREAD, route
@@ -219,3 +219,70 @@ def test_hinted_reads_learn_the_size(files: list[str], tmp_path: Path) -> None:
     for p in [files[0], files[1], str(big), files[2]]:
         assert one(p) == Path(p).read_bytes()
     assert one.hint == 5000
+
+
+# -- which filesystems answer reads whole ---------------------------------------------------
+
+MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+29 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+41 29 0:45 / /mnt/fuse rw,nosuid,nodev,relatime shared:20 master:3 - fuse.sshfs host:/ rw,user_id=0
+garbage line
+"""
+
+
+def test_parse_mountinfo_gives_each_device_its_type() -> None:
+    assert mounts.parse_mountinfo(MOUNTINFO) == {(0, 21): "proc", (254, 0): "ext4", (0, 45): "fuse.sshfs"}
+    assert mounts.whole_reads("ext4") and mounts.whole_reads("tmpfs") and mounts.whole_reads("nfs4")
+    assert not mounts.whole_reads("fuse.sshfs") and not mounts.whole_reads("cifs")
+    assert not mounts.whole_reads(None)
+
+
+def fake_mounts(tmp_path: Path, fstype: str) -> mounts.Mounts:
+    """Mounts that say ``tmp_path``'s filesystem is ``fstype``."""
+    dev = os.stat(tmp_path).st_dev
+    info = tmp_path / "mountinfo"
+    info.write_text(f"1 1 {os.major(dev)}:{os.minor(dev)} / / rw - {fstype} /dev/x rw\n")
+    return mounts.Mounts(str(info))
+
+
+@pytest.mark.parametrize(("fstype", "whole"), [("ext4", True), ("fuse.sshfs", False)])
+def test_hints_only_where_reads_come_back_whole(
+    tmp_path: Path, files: list[str], monkeypatch: pytest.MonkeyPatch, fstype: str, whole: bool
+) -> None:
+    """On ext4 the files after the first are read without an fstat; on a FUSE mount (which
+    may answer a read short in the middle of a file) every file is read to its fstat size."""
+    fake = fake_mounts(tmp_path, fstype)
+    assert fake.whole_reads(str(tmp_path) + "/") is whole
+    assert fake.whole_reads(str(tmp_path / "missing") + "/") is False  # cannot tell: no hint
+    monkeypatch.setattr(blocking, "_MOUNTS", fake)
+    stats: list[int] = []
+    real = os.fstat
+
+    def counted(fd: int) -> Any:
+        stats.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(blocking.os, "fstat", counted)
+    for arena in (None, Arena(memoryview(bytearray(1 << 12)))):
+        stats.clear()
+        one = blocking.HintedRead(arena)
+        got = [one(p) for p in files[:5]]
+        if arena is None:
+            assert got == [Path(p).read_bytes() for p in files[:5]]
+        else:
+            assert [bytes(arena.buf[o : o + n]) for o, n in got] == [Path(p).read_bytes() for p in files[:5]]
+            assert [o for o, _ in got] == [13 * i for i in range(5)]  # no room left unused
+        assert len(stats) == (1 if whole else 5)
+
+
+def test_a_filesystem_that_answers_short_is_read_to_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads that come back 1,000 bytes at a time (a FUSE server's way): the whole file
+    all the same, where no hint is trusted."""
+    data = os.urandom(10_000)
+    (tmp_path / "f.bin").write_bytes(data)
+    real = os.read
+    monkeypatch.setattr(blocking.os, "read", lambda fd, n: real(fd, min(n, 1000)))
+    assert read_file(str(tmp_path / "f.bin")) == data

@@ -17,6 +17,7 @@ from typing import Any
 
 from aioloader.decode.protocol import Source
 from aioloader.decode.slabs import Arena
+from aioloader.read.mounts import Mounts
 from aioloader.read.urls import local_path
 
 __all__ = [
@@ -52,7 +53,8 @@ def read_file(path: str, hint: int = 0) -> bytes:
     ``hint``: the size the file probably has (the largest of its neighbours': see
     :class:`HintedRead`). Up to :data:`HINT_MAX`, the read asks for that and a byte more
     without an fstat (a fifth less time for a page-cached file of a few KB); a file that
-    turns out larger is read on to its end.
+    turns out larger is read on to its end. A short answer is then taken for the end of the
+    file: hint only where the filesystem says so (:mod:`aioloader.read.mounts`).
     """
     fd = _open(path)
     try:
@@ -67,24 +69,42 @@ def read_file(path: str, hint: int = 0) -> bytes:
 
 
 class HintedRead:
-    """:func:`read_file` for the files of one group, one after another on one thread, each
-    hinted with the largest size read before it: files of a dataset tend to be alike."""
+    """:func:`read_file` (or :func:`read_into` ``arena``) for the files of one group, one
+    after another on one thread, each hinted with the largest size read before it (files of
+    a dataset tend to be alike) where its filesystem answers reads whole
+    (:mod:`aioloader.read.mounts`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, arena: Arena | None = None) -> None:
+        self.arena = arena
         self.hint = 0
 
-    def __call__(self, path: str) -> bytes:
-        data = read_file(path, self.hint)
-        if len(data) > self.hint:
-            self.hint = len(data)
-        return data
+    def __call__(self, path: str) -> Source:
+        hint = self.hint
+        if hint:
+            local = local_path(path)
+            if not _MOUNTS.whole_reads(local[: local.rfind(os.sep) + 1]):
+                hint = 0
+        got = read_file(path, hint) if self.arena is None else read_into(path, self.arena, hint)
+        size = got[1] if isinstance(got, tuple) else len(got)
+        if size > self.hint:
+            self.hint = size
+        return got
 
 
-def read_into(path: str, arena: Arena) -> Source:
+def read_into(path: str, arena: Arena, hint: int = 0) -> Source:
     """Read ``path`` straight into ``arena`` (no intermediate bytes object); the bytes
-    themselves when it does not fit or changed size while being read."""
+    themselves when it does not fit or changed size while being read. ``hint``: as for
+    :func:`read_file` (the arena gives back what the file did not take)."""
     fd = _open(path)
     try:
+        if 0 < hint <= HINT_MAX and (at := arena.alloc(hint + 1)) is not None:
+            n = os.readv(fd, [arena.buf[at : at + hint + 1]])
+            if n <= hint:
+                arena.shrink(at, hint + 1, n)
+                return (at, n)
+            head = bytes(arena.buf[at : at + n])  # larger than hinted: not in the arena
+            arena.shrink(at, hint + 1, 0)
+            return _read_rest(fd, head)
         size = os.fstat(fd).st_size
         off = arena.alloc(size) if size > 0 else None
         if off is None:
@@ -113,9 +133,11 @@ def _open(path: str) -> int:
 
 
 def _read_all(fd: int, size: int) -> bytes:
-    """The rest of ``fd``, ``size`` bytes long as far as fstat knows."""
+    """The rest of ``fd``, ``size`` bytes long as far as fstat knows: one read when it is
+    (a byte more than that sees the end); read on when it grew, or when the filesystem
+    answered short of it."""
     data = os.read(fd, size + 1)
-    return data if len(data) <= size else _read_rest(fd, data)
+    return data if len(data) == size else _read_rest(fd, data)
 
 
 def _read_rest(fd: int, head: bytes) -> bytes:
@@ -184,6 +206,8 @@ def into(data: bytes | memoryview, arena: Arena) -> Source:
     arena.buf[off : off + len(data)] = data
     return (off, len(data))
 
+
+_MOUNTS = Mounts()
 
 #: Group hops at once. Fast reads need no parallelism (one thread reads page-cached files
 #: at tens of thousands a second), and every extra thread in the GIL's queue delays the
