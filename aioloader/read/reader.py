@@ -240,8 +240,8 @@ class FileReader:
             start = len(done)
             got, slow = await self._group(way, [path for _, path in items[start:]], arena)
             for (index, path), res in zip(items[start:], got, strict=False):
-                if type(res) is bytes and res:  # the common case first: a file read whole
-                    done.append(res)
+                if (type(res) is bytes and res) or (type(res) is tuple and res[1]):
+                    done.append(res)  # the common case first: a file read whole
                 elif isinstance(res, OSError) and res.errno in TRANSIENT:
                     failed = res
                     break
@@ -265,10 +265,12 @@ class FileReader:
         """``paths`` read one after another (on the loop, or in one hop to a read thread)
         until one is slow or the group's budget is spent (see :func:`read_group`)."""
         one: Callable[[str], Source]
-        if arena is not None:
+        if self._own:
+            one = HintedRead(arena)
+        elif arena is not None:
             one = partial(self._plain_into, arena=arena)
         else:
-            one = HintedRead() if self._own else self._plain
+            one = self._plain
         if way == LOOP:
             entered = self.meter.enter()
             got: tuple[list[Source | OSError], bool] = ([], False)
