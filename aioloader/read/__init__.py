@@ -4,8 +4,11 @@
 | module | role |
 | --- | --- |
 | ``reader.py`` | ``FileReader``: reads in flight within a limit, retries, failures as ``ReadError`` |
-| ``blocking.py`` | what runs on a read thread (or the loop): a file, a byte range, a custom ``read``, a fast group |
-| ``routing.py`` | pure: which way a chunk of reads goes (on the loop, a group on a thread, one per hop) |
+| ``blocking.py`` | what runs on a read thread (or the loop): a file, a byte range, a custom ``read`` |
+| ``groups.py`` | fast groups: a chunk's files read one after another while reads are fast |
+| ``outcomes.py`` | a read's result as the sample's bytes or its ``ReadError``; transient errors, backoff |
+| ``routing.py`` | pure: which way a chunk of reads goes (reader processes, the loop, a thread, one per hop) |
+| ``workers.py`` | reader processes (``decode=None``): groups of small local files read elsewhere |
 | ``mounts.py`` | which filesystems answer a read whole but at the end (a size hint may skip the fstat) |
 | ``remote.py`` | URLs read: one client per protocol, fault classes, prefix listing |
 | ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, one protocol's ``storage_options`` |
