@@ -255,7 +255,7 @@ def test_hints_only_where_reads_come_back_whole(
     fake = fake_mounts(tmp_path, fstype)
     assert fake.whole_reads(str(tmp_path) + "/") is whole
     assert fake.whole_reads(str(tmp_path / "missing") + "/") is False  # cannot tell: no hint
-    monkeypatch.setattr(blocking, "_MOUNTS", fake)
+    monkeypatch.setattr(blocking, "MOUNTS", fake)
     stats: list[int] = []
     real = os.fstat
 

@@ -62,12 +62,15 @@ def test_route_fast_own_reads_go_to_workers_once_one_started() -> None:
     assert route(**{**fast, "timeout": 1.0}, own_read=True, loop_free=True, workers=True) != WORKERS
 
 
-def test_read_workers_only_without_decode_custom_read_or_timeout() -> None:
-    assert read_workers(2, decoding=False, own_read=True, timeout=None) == 2
-    assert read_workers(64, decoding=False, own_read=True, timeout=None) == MAX_READ_WORKERS
-    assert read_workers(2, decoding=True, own_read=True, timeout=None) == 0
-    assert read_workers(2, decoding=False, own_read=False, timeout=None) == 0
-    assert read_workers(2, decoding=False, own_read=True, timeout=3.0) == 0
+def test_read_workers_leave_a_cpu_and_come_only_without_decode_custom_read_or_timeout() -> None:
+    plain = {"decoding": False, "own_read": True, "timeout": None}
+    assert read_workers(2, 2, **plain) == 1  # a CPU for the loop and the trainer
+    assert read_workers(2, 8, **plain) == 2
+    assert read_workers(64, 64, **plain) == MAX_READ_WORKERS
+    assert read_workers(2, 1, **plain) == 0  # one CPU: the loop reads
+    assert read_workers(2, 8, **{**plain, "decoding": True}) == 0
+    assert read_workers(2, 8, **{**plain, "own_read": False}) == 0
+    assert read_workers(2, 8, **{**plain, "timeout": 3.0}) == 0
 
 
 # -- the workers ----------------------------------------------------------------------------

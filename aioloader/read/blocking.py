@@ -23,10 +23,12 @@ from aioloader.read.urls import local_path
 __all__ = [
     "GROUP_THREADS",
     "HINT_MAX",
+    "MOUNTS",
     "HintedRead",
     "ReadPace",
     "check_span",
     "into",
+    "named",
     "read_file",
     "read_group",
     "read_into",
@@ -63,7 +65,7 @@ def read_file(path: str, hint: int = 0) -> bytes:
             return data if len(data) <= hint else _read_rest(fd, data)
         return _read_all(fd, os.fstat(fd).st_size)
     except OSError as exc:
-        raise _named(exc, path) from None
+        raise named(exc, path) from None
     finally:
         os.close(fd)
 
@@ -82,7 +84,7 @@ class HintedRead:
         hint = self.hint
         if hint:
             local = local_path(path)
-            if not _MOUNTS.whole_reads(local[: local.rfind(os.sep) + 1]):
+            if not MOUNTS.whole_reads(local[: local.rfind(os.sep) + 1]):
                 hint = 0
         got = read_file(path, hint) if self.arena is None else read_into(path, self.arena, hint)
         size = got[1] if isinstance(got, tuple) else len(got)
@@ -123,7 +125,7 @@ def read_into(path: str, arena: Arena, hint: int = 0) -> Source:
             return _read_rest(fd, bytes(view) + bytes(extra))
         return (off, size)
     except OSError as exc:
-        raise _named(exc, path) from None
+        raise named(exc, path) from None
     finally:
         os.close(fd)
 
@@ -150,7 +152,7 @@ def _read_rest(fd: int, head: bytes) -> bytes:
     return b"".join(parts)
 
 
-def _named(exc: OSError, path: str) -> OSError:
+def named(exc: OSError, path: str) -> OSError:
     """``exc`` naming ``path`` (a failed read or fstat, unlike a failed open, names no file)."""
     if exc.filename is None:
         exc.filename = path
@@ -207,7 +209,8 @@ def into(data: bytes | memoryview, arena: Arena) -> Source:
     return (off, len(data))
 
 
-_MOUNTS = Mounts()
+#: This process's answers: which folders' filesystems answer reads whole.
+MOUNTS = Mounts()
 
 #: Group hops at once. Fast reads need no parallelism (one thread reads page-cached files
 #: at tens of thousands a second), and every extra thread in the GIL's queue delays the

@@ -64,9 +64,14 @@ def route(
 MAX_READ_WORKERS = 4
 
 
-def read_workers(num_workers: int, *, decoding: bool, own_read: bool, timeout: float | None) -> int:
-    """Reader processes to start: ``num_workers`` (at most :data:`MAX_READ_WORKERS`) where
-    groups could go to them (no decode, the library's reads, no ``sample_timeout``), else 0."""
+def read_workers(
+    num_workers: int, cpus: int, *, decoding: bool, own_read: bool, timeout: float | None
+) -> int:
+    """Reader processes to start where groups could go to them (no decode, the library's
+    reads, no ``sample_timeout``), else 0: ``num_workers``, but no more than the ``cpus``
+    (usable CPUs) less the one the loop and the trainer take, at most
+    :data:`MAX_READ_WORKERS`. On 2 CPUs, one: a second would take turns on the same cores
+    with the loop and the trainer (measured slower, in a loader process by a quarter)."""
     if decoding or not own_read or timeout is not None:
         return 0
-    return max(0, min(num_workers, MAX_READ_WORKERS))
+    return max(0, min(num_workers, cpus - 1, MAX_READ_WORKERS))

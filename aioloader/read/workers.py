@@ -33,11 +33,11 @@ from typing import Any
 
 from aioloader.decode import zygote
 from aioloader.decode.segments import Segment, SegmentHandle, attach, choose_kind
-from aioloader.decode.slabs import Arena
-from aioloader.read.blocking import HintedRead, ReadPace, read_group
+from aioloader.read.blocking import HINT_MAX, MOUNTS, ReadPace, named, read_file
+from aioloader.read.urls import local_path
 from aioloader.safety import lifeline
 
-__all__ = ["BUFFER_BYTES", "ReadWorkers", "main"]
+__all__ = ["BUFFER_BYTES", "ReadWorkers", "main", "read_into"]
 
 logger = logging.getLogger("aioloader")
 
@@ -52,17 +52,6 @@ Answer = tuple[list[Any], bool, list[float]]
 _ids = itertools.count()
 
 
-class _Timed(ReadPace):
-    """The pace of one group in a worker: its rules, and each read's time for the loader's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
-
-    def observe(self, seconds: float) -> None:
-        self.times.append(seconds)
-
-
 def main(conn: Connection, handle: SegmentHandle) -> None:
     """A reader process's life (the ``target`` it is started with): read each group it is
     sent into the buffer ``handle`` names, answer, until the pipe closes."""
@@ -75,9 +64,64 @@ def main(conn: Connection, handle: SegmentHandle) -> None:
             paths: list[str] = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        pace = _Timed()
-        got, slow = read_group(HintedRead(Arena(buf)), paths, pace)
-        conn.send_bytes(pickle.dumps((got, slow, pace.times), protocol=pickle.HIGHEST_PROTOCOL))
+        answer = read_into(buf, paths, ReadPace())
+        conn.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def read_into(buf: memoryview, paths: list[str], pace: ReadPace) -> Answer:
+    """``paths`` read one after another into ``buf`` (a group's rules: see
+    :func:`~aioloader.read.blocking.read_group`), each as ``(offset, length)`` there, its
+    bytes when it does not fit, or its ``OSError``.
+
+    The worker's whole job, so the common case is written out: once a file's size is known,
+    the next ones are read with it as the hint (:func:`~aioloader.read.blocking.read_file`),
+    straight into the buffer, with no fstat and no allocation. A file that is larger, the
+    first of a group, or on a filesystem that may answer reads short, is read whole by
+    ``read_file`` and copied in.
+    """
+    out: list[Any] = []
+    times: list[float] = []
+    pos, end, hint = 0, len(buf), 0
+    folder, whole = None, False
+    start = t = time.perf_counter()
+    for path in paths:
+        try:
+            local = local_path(path)
+            cut = local.rfind(os.sep) + 1
+            if local[:cut] != folder:
+                folder = local[:cut]
+                whole = MOUNTS.whole_reads(folder)
+            want = hint + 1
+            n = want
+            if whole and hint and pos + want <= end:
+                fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    n = os.readv(fd, [buf[pos : pos + want]])
+                finally:
+                    os.close(fd)
+            if n < want:  # the whole file, in place
+                out.append((pos, n))
+                pos += n
+            else:  # no hint, or larger than it: read whole, then in place if it fits
+                data = read_file(path)
+                n = len(data)
+                hint = max(hint, n) if n <= HINT_MAX else hint
+                if pos + n <= end:
+                    buf[pos : pos + n] = data
+                    out.append((pos, n))
+                    pos += n
+                else:
+                    out.append(data)
+        except OSError as exc:
+            out.append(named(exc, path).with_traceback(None))
+        now = time.perf_counter()
+        times.append(now - t)
+        if now - t > pace.slow:
+            return out, True, times
+        if now - start > pace.budget:
+            break
+        t = now
+    return out, False, times
 
 
 class _Worker:

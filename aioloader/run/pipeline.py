@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from aioloader.config import LoaderConfig
+from aioloader.config import LoaderConfig, usable_cpus
 from aioloader.dataset import FileDataset
 from aioloader.decode.pool import DecodePool
 from aioloader.decode.segments import FDS_PER_SLAB, MEMFD, choose_kind
@@ -128,6 +128,7 @@ def build(
             slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode), kind)
     n = read_workers(
         config.num_workers,
+        usable_cpus(),
         decoding=config.decode is not None,
         own_read=config.read is None,
         timeout=config.sample_timeout,
