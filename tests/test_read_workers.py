@@ -18,7 +18,9 @@ import pytest
 from helpers import write_numbered_files
 
 from aioloader import ReadError
+from aioloader.read import readproc
 from aioloader.read import workers as workers_mod
+from aioloader.read.blocking import ReadPace
 from aioloader.read.reader import FileReader
 from aioloader.read.routing import LOOP, MAX_READ_WORKERS, WORKERS, read_workers, route
 from aioloader.read.workers import ReadWorkers
@@ -156,3 +158,51 @@ def test_a_reader_with_workers_reads_like_one_without(files: list[str], tmp_path
     assert isinstance(got[10], ReadError) and (got[10].index, got[10].path) == (10, paths[10])
     assert isinstance(got[10].__cause__, FileNotFoundError)
     assert reader.meter.snapshot().items == len(paths)
+
+
+def test_closing_with_a_group_in_flight_is_quiet(files: list[str], capfd: pytest.CaptureFixture[str]) -> None:
+    """Closed while a worker reads a long group: it ends without a word (no traceback of a
+    broken pipe on stderr), and nothing is left (the ``no_leaks`` fixture)."""
+    workers = started(1)
+
+    async def go() -> None:
+        reading = asyncio.ensure_future(workers.read(files * 400))
+        await asyncio.sleep(0)  # sent
+        workers.close()
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+
+    on_loop(go)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+# -- what a worker runs, here ----------------------------------------------------------------
+
+
+def test_a_workers_group_read_lands_in_its_buffer(files: list[str], tmp_path: Path) -> None:
+    """Hinted reads straight into the buffer, one after another; a larger file read whole
+    and copied in; one that does not fit comes back as bytes; failures name their files."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(100))
+    paths = [files[0], files[1], str(big), files[2], str(tmp_path / "missing"), str(tmp_path), files[3]]
+    buf = memoryview(bytearray(140))
+    got, slow, times = readproc.read_into(buf, paths, ReadPace())
+    assert not slow and len(got) == len(times) == len(paths)
+    placed = [bytes(buf[o : o + n]) if type(r) is tuple and (o := r[0], n := r[1]) else r for r in got]
+    assert placed[:4] == [Path(p).read_bytes() for p in paths[:4]]
+    assert [got[0], got[1], got[2], got[3]] == [(0, 13), (13, 13), (26, 100), (126, 13)]
+    assert isinstance(got[4], FileNotFoundError) and got[4].filename == paths[4]
+    assert isinstance(got[5], IsADirectoryError) and got[5].filename == paths[5]
+    assert got[6] == Path(files[3]).read_bytes()  # 1 byte left: not in the buffer
+
+
+def test_a_workers_group_stops_at_a_slow_read_or_its_budget(files: list[str]) -> None:
+    buf = memoryview(bytearray(1 << 16))
+    every_read_slow = ReadPace()
+    every_read_slow.slow = -1.0
+    got, slow, _ = readproc.read_into(buf, files, every_read_slow)
+    assert slow and len(got) == 1
+    no_budget = ReadPace()
+    no_budget.slow, no_budget.budget = math.inf, -1.0
+    got, slow, _ = readproc.read_into(buf, files, no_budget)
+    assert not slow and len(got) == 1

@@ -8,12 +8,12 @@ own and answers with where each one is; the loop copies each file's bytes out (a
 per file, as a read on the loop would give) and the buffer is the worker's again. The
 loop's thread does no system call per file, so it tends the batches meanwhile.
 
-A worker reads as a group on the loop would (:func:`~aioloader.read.blocking.read_group`,
-with its pace): it stops at a slow read or past the group's budget, and the reader goes on
-with what is left. A file that failed comes back as its ``OSError``. A worker that dies
-(killed, say) fails its group, which the reader then reads on the loop, and is not replaced;
-with none left, groups read on the loop again. Nothing waits on a worker at close: it is
-told to go, then terminated.
+A worker (:mod:`aioloader.read.readproc`) reads as a group on the loop would, with its
+pace: it stops at a slow read or past the group's budget, and the reader goes on with what is
+left. A file that failed comes back as its ``OSError``. A worker that dies (killed, say)
+fails its group, which the reader then reads on the loop, and is not replaced; with none
+left, groups read on the loop again. At close each is told to go (its pipe closed) and
+joined, terminated past a grace period.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import itertools
 import logging
 import os
 import pickle
-import signal
 import threading
 import time
 from collections import deque
@@ -32,12 +31,10 @@ from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
 from aioloader.decode import zygote
-from aioloader.decode.segments import Segment, SegmentHandle, attach, choose_kind
-from aioloader.read.blocking import HINT_MAX, MOUNTS, ReadPace, named, read_file
-from aioloader.read.urls import local_path
-from aioloader.safety import lifeline
+from aioloader.decode.segments import Segment, choose_kind
+from aioloader.read.readproc import Answer, main
 
-__all__ = ["BUFFER_BYTES", "ReadWorkers", "main", "read_into"]
+__all__ = ["BUFFER_BYTES", "ReadWorkers"]
 
 logger = logging.getLogger("aioloader")
 
@@ -45,83 +42,7 @@ logger = logging.getLogger("aioloader")
 #: that does not comes back through the pipe. Pages are used only as files are read.
 BUFFER_BYTES = 8 << 20
 
-#: A group's answer: each file's ``(offset, length)`` in the buffer (or its bytes, or its
-#: ``OSError``), whether the last read was slow, and how long each read took.
-Answer = tuple[list[Any], bool, list[float]]
-
 _ids = itertools.count()
-
-
-def main(conn: Connection, handle: SegmentHandle) -> None:
-    """A reader process's life (the ``target`` it is started with): read each group it is
-    sent into the buffer ``handle`` names, answer, until the pipe closes."""
-    lifeline.become("worker")
-    lifeline.follow_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer owns shutdown
-    buf = memoryview(attach(handle))
-    while True:
-        try:
-            paths: list[str] = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
-        answer = read_into(buf, paths, ReadPace())
-        conn.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def read_into(buf: memoryview, paths: list[str], pace: ReadPace) -> Answer:
-    """``paths`` read one after another into ``buf`` (a group's rules: see
-    :func:`~aioloader.read.blocking.read_group`), each as ``(offset, length)`` there, its
-    bytes when it does not fit, or its ``OSError``.
-
-    The worker's whole job, so the common case is written out: once a file's size is known,
-    the next ones are read with it as the hint (:func:`~aioloader.read.blocking.read_file`),
-    straight into the buffer, with no fstat and no allocation. A file that is larger, the
-    first of a group, or on a filesystem that may answer reads short, is read whole by
-    ``read_file`` and copied in.
-    """
-    out: list[Any] = []
-    times: list[float] = []
-    pos, end, hint = 0, len(buf), 0
-    folder, whole = None, False
-    start = t = time.perf_counter()
-    for path in paths:
-        try:
-            local = local_path(path)
-            cut = local.rfind(os.sep) + 1
-            if local[:cut] != folder:
-                folder = local[:cut]
-                whole = MOUNTS.whole_reads(folder)
-            want = hint + 1
-            n = want
-            if whole and hint and pos + want <= end:
-                fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    n = os.readv(fd, [buf[pos : pos + want]])
-                finally:
-                    os.close(fd)
-            if n < want:  # the whole file, in place
-                out.append((pos, n))
-                pos += n
-            else:  # no hint, or larger than it: read whole, then in place if it fits
-                data = read_file(path)
-                n = len(data)
-                hint = max(hint, n) if n <= HINT_MAX else hint
-                if pos + n <= end:
-                    buf[pos : pos + n] = data
-                    out.append((pos, n))
-                    pos += n
-                else:
-                    out.append(data)
-        except OSError as exc:
-            out.append(named(exc, path).with_traceback(None))
-        now = time.perf_counter()
-        times.append(now - t)
-        if now - t > pace.slow:
-            return out, True, times
-        if now - start > pace.budget:
-            break
-        t = now
-    return out, False, times
 
 
 class _Worker:
@@ -271,7 +192,14 @@ class ReadWorkers:
         with self._lock:
             workers, self._all, self._started = self._all, [], []
         self._idle.clear()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None  # the loader's loop has stopped: nothing waits on the pipes
         for worker in workers:
+            if loop is not None and not worker.conn.closed:  # an answer still awaited there
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(worker.conn.fileno())
             worker.conn.close()  # end of file: the worker returns
         deadline = time.monotonic() + grace
         for worker in workers:
