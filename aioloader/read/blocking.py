@@ -1,7 +1,9 @@
 """What runs on the read threads, one call per executor hop: a whole file, a byte range, a
 custom ``read``, each straight into a slab's arena when it fits; and a group of files read
-on one thread while reads are fast (:class:`ReadPace`). Blocking, no event loop: the loop
-side is :class:`aioloader.read.reader.FileReader`.
+one after another while reads are fast (:class:`ReadPace`), on one thread or, for the
+library's own reads with nothing else waiting on the loop, on the loop itself
+(:mod:`aioloader.read.groups`). Blocking, no event loop: the loop side is
+:class:`aioloader.read.reader.FileReader`.
 
 Every function returns a :data:`~aioloader.decode.protocol.Source`: ``(offset, length)`` in
 the arena, or the bytes themselves when they do not fit.
