@@ -14,7 +14,10 @@ import torch
 
 from aioloader.base.tree import flatten, unflatten
 
-__all__ = ["collate_leaves", "default_collate"]
+__all__ = ["collate_leaves", "default_collate", "plain_batch"]
+
+#: Leaves that :func:`default_collate` gives back as a list, unchanged.
+_PLAIN = (bytes, str, type(None))
 
 
 def default_collate(samples: list[Any]) -> Any:
@@ -44,6 +47,15 @@ def default_collate(samples: list[Any]) -> Any:
         for column, leaf in zip(columns, leaves, strict=True):
             column.append(leaf)
     return unflatten(treedef, [collate_leaves(column) for column in columns])
+
+
+def plain_batch(samples: list[Any]) -> list[Any] | None:
+    """What :func:`default_collate` makes of ``samples`` when every one is a ``bytes``,
+    ``str`` or ``None`` (the list, unchanged: nothing to walk or stack, so nothing worth a
+    thread hop); None when any is something else."""
+    if not samples or not all(type(s) in _PLAIN for s in samples):
+        return None
+    return list(samples)
 
 
 def collate_leaves(column: list[Any]) -> Any:

@@ -117,6 +117,10 @@ class FileDataset:
     def path(self, index: int) -> str:
         return self._paths[int(index)]
 
+    def paths_of(self, indices: Sequence[int]) -> list[str]:
+        """The paths of ``indices`` (a batch's), looked up together."""
+        return self._paths.many(indices)
+
     @property
     def has_spans(self) -> bool:
         """Whether some entry is a ``(path, offset, length)`` span."""

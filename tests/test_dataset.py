@@ -500,3 +500,17 @@ def test_a_large_index_costs_about_40_bytes_a_file(tmp_path: Path) -> None:
     assert ds.labels is not None and ds.labels[n - 1] == 999
     assert held / n < 42, f"{held / n:.1f} bytes a file"
     assert peak / n < 64, f"{peak / n:.1f} bytes a file at the peak"
+
+
+def test_paths_of_a_batch_match_one_by_one() -> None:
+    """``paths_of`` (a batch's paths at once) gives what ``path`` gives each: folders, bare
+    names, non-UTF-8 names, negative indices; an index out of range is an IndexError."""
+    paths = ["a/x.jpg", "y.jpg", "/abs/b/ü.png", "a/" + os.fsdecode(b"\xff.bin"), "s3://bucket/k/z.jpg"]
+    ds = FileDataset(paths)
+    picks = [4, 0, 2, 2, 1, 3, -1, -5]
+    assert ds.paths_of(picks) == [ds.path(i) for i in picks]
+    assert ds.paths_of(np.array(picks)) == [ds.path(i) for i in picks]
+    assert ds.paths_of([]) == []
+    for bad in ([5], [0, -6]):
+        with pytest.raises(IndexError, match="out of range"):
+            ds.paths_of(bad)

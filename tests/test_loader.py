@@ -168,6 +168,31 @@ def test_raw_bytes_without_decode(frontend: Driver, numbered: list[str]) -> None
     assert batch == [b"sample-000000", b"sample-000001", b"sample-000002"]
 
 
+def test_raw_bytes_with_labels_skip_bad_files_by_name(
+    frontend: Driver, numbered: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """decode=None, batches of many files (read in groups): each batch is its files' bytes
+    and their labels; a missing file, a directory and an empty file are skipped, each
+    logged by name, and the rest are delivered in order."""
+    caplog.set_level(logging.WARNING, logger="aioloader")
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    bad = {5: str(tmp_path / "missing.bin"), 17: str(tmp_path), 30: str(empty)}
+    paths = [bad.get(i, p) for i, p in enumerate(numbered)]
+    ds = FileDataset(paths, labels=list(range(37)))
+    with frontend.opened(Loader(ds, shuffle=False, batch_size=16, decode=None, on_error="skip")) as loader:
+        batches = frontend.epoch(loader)
+        stats = loader.stats
+    kept = [i for i in range(37) if i not in bad]
+    assert [b for data, _ in batches for b in data] == [Path(numbered[i]).read_bytes() for i in kept]
+    labels = torch.cat([lbl for _, lbl in batches])
+    assert labels.dtype == torch.int64 and labels.tolist() == kept
+    assert all(type(data) is list and all(type(x) is bytes for x in data) for data, _ in batches)
+    assert stats.failures_by_reason == {"ReadError": 3}
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "aioloader")
+    assert all(p in logged for p in bad.values())
+
+
 def test_augmentation_seeded_by_seed_epoch_index(frontend: Driver, numbered: list[str]) -> None:
     def draws(workers: int, ep: int) -> dict[int, float]:
         with frontend.opened(

@@ -34,7 +34,15 @@ def flatten(value: Any, is_leaf: IsLeaf | None = None) -> tuple[TreeDef, list[An
     return _flatten(value, leaves, is_leaf), leaves
 
 
+#: Types known to be leaves: no ``Mapping`` check (an ABC's, slow) for a batch of file
+#: bytes or arrays. Other types join once seen not to be a node (a dozen in a program).
+_LEAVES: set[type] = {bytes, str, int, float, bool, type(None)}
+
+
 def _flatten(value: Any, leaves: list[Any], is_leaf: IsLeaf | None) -> TreeDef:
+    if type(value) in _LEAVES:  # a leaf whatever is_leaf says: nothing to descend into
+        leaves.append(value)
+        return LEAF
     if is_leaf is not None and is_leaf(value):
         leaves.append(value)
         return LEAF
@@ -48,6 +56,8 @@ def _flatten(value: Any, leaves: list[Any], is_leaf: IsLeaf | None) -> TreeDef:
         return ("tuple", None, children)
     if isinstance(value, list):
         return ("list", None, tuple(_flatten(v, leaves, is_leaf) for v in value))
+    if len(_LEAVES) < 64:  # bounded: classes made on the fly must not grow it for ever
+        _LEAVES.add(type(value))
     leaves.append(value)
     return LEAF
 

@@ -76,6 +76,13 @@ class Arena:
             self._used += size
             return off
 
+    def shrink(self, offset: int, size: int, used: int) -> None:
+        """Of the ``size`` bytes allocated at ``offset``, only ``used`` were needed: the
+        rest is free again if nothing was allocated after them."""
+        with self._lock:
+            if offset + size == self._used:
+                self._used = offset + used
+
     def reset(self) -> None:
         with self._lock:
             self._used = 0

@@ -10,7 +10,9 @@ Three ways, cheapest first:
    output area), plain leaves as they came back, pickled samples as they are, and the
    collate function (default or the user's) runs on the collate thread. The slab lives as
    long as any view of it; with ``zero_copy=False`` the views are copied out first.
-3. Without a slab (no decoding, no shared memory) samples are the values themselves.
+3. Without a slab (no decoding, no shared memory) samples are the values themselves; file
+   bytes (``decode=None``) under the default collate are the batch as they are, with no
+   hop to the collate thread.
 
 Labels are gathered here, never by a worker: a batch is ``value`` or ``(value, labels)``.
 """
@@ -27,7 +29,7 @@ import torch
 
 from aioloader.base.items import Batch
 from aioloader.base.tree import unflatten
-from aioloader.collate import collate_leaves, default_collate
+from aioloader.collate import collate_leaves, default_collate, plain_batch
 from aioloader.decode.layout import ArraySpec
 from aioloader.decode.protocol import ArrayRef, InArea, Pickled, RowResult, Written
 from aioloader.decode.slabs import Slab, SlabPool
@@ -88,6 +90,11 @@ class Assembler:
                 self._meter.leave(entered)
             return Batch(index=k, value=value if labels is None else (value, labels), size=len(kept)), slab
         samples, slab = self._samples(results, kept, slab)
+        plain = plain_batch(samples) if self._custom is None and slab is None else None
+        if plain is not None:  # file bytes (decode=None): the list is the batch, here and now
+            entered = self._meter.enter()
+            self._meter.leave(entered)
+            return Batch(index=k, value=plain if labels is None else (plain, labels), size=len(plain)), None
         if labels is not None:
             samples = [(s, int(lbl)) for s, lbl in zip(samples, labels.tolist(), strict=True)]
         loop = asyncio.get_running_loop()

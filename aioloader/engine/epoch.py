@@ -97,8 +97,9 @@ class Engine:
         self._sizes = _SizeTracker(config.batch_size)
         self._plan_slabs()
         # Samples per decode task: one round trip to a worker is amortised over a chunk, and
-        # a batch still spreads over every worker (two chunks each).
-        self.chunk = chunk_size(config.batch_size, config.num_workers)
+        # a batch still spreads over every worker (two chunks each). Without decoding, a
+        # batch is one chunk: its reads are all there is to it.
+        self.chunk = chunk_size(config.batch_size, config.num_workers if pool is not None else 0)
         #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
         self.tuner = (
             Tuner(
@@ -244,9 +245,11 @@ class Engine:
         None for a sample that failed and is skipped."""
         self.policy.attempted(len(rows))
         arena = slab.input if slab is not None and self._decoder is not None else None
-        items = [(indices[r], self._ds.path(indices[r])) for r in rows]
-        spans = [self._ds.span(index) for index, _ in items] if self._ds.has_spans else None
+        chosen = [indices[r] for r in rows]
+        items = list(zip(chosen, self._ds.paths_of(chosen), strict=True))
+        spans = [self._ds.span(index) for index in chosen] if self._ds.has_spans else None
         sources: list[Source | None] = []
+        total = 0
         for res in await self._reader.fetch_many(items, arena, self._cfg.sample_timeout, spans):
             if isinstance(res, SampleError):
                 if isinstance(res, LoaderTimeoutError) and slab is not None:
@@ -254,10 +257,12 @@ class Engine:
                 self.policy.failed(res)
                 sources.append(None)
                 continue
-            size = res[1] if isinstance(res, tuple) else len(res)
-            self._counters.add_bytes(size)
-            self._sizes.add(size)
+            total += res[1] if isinstance(res, tuple) else len(res)
             sources.append(res)
+        read = len(sources) - sources.count(None)
+        if read:  # counted once per chunk: a chunk may be a whole batch of tiny files
+            self._counters.add_bytes(total)
+            self._sizes.add(total, read)
         return sources
 
     def _learn(self, results: list[RowResult | None], slab: Slab | None) -> None:
@@ -298,7 +303,10 @@ def pooled_slabs(io_concurrency: int, batch_size: int, prefetch: int) -> int:
 
 
 def chunk_size(batch_size: int, num_workers: int) -> int:
-    """Samples per decode task: a batch split into about two tasks per worker, at most 32."""
+    """Samples per decode task: a batch split into about two tasks per worker, at most 32;
+    with no decode workers (``num_workers=0``), the whole batch."""
+    if num_workers <= 0:
+        return batch_size
     return max(1, min(32, math.ceil(batch_size / (2 * num_workers))))
 
 
@@ -310,9 +318,10 @@ class _SizeTracker:
         self.total = 0
         self.count = 0
 
-    def add(self, size: int) -> None:
+    def add(self, size: int, files: int = 1) -> None:
+        """``files`` more files, of ``size`` bytes in all."""
         self.total += size
-        self.count += 1
+        self.count += files
 
     def arena_bytes(self) -> int:
         mean = self.total / self.count if self.count else 128 * 1024

@@ -10,20 +10,15 @@ make that scale:
   hiding.
 - one executor hop per file. ``aiofiles.open`` + ``read`` + ``close`` is three hops;
   wrapping the whole open/read/close (aiofiles' own ``wrap``) is one.
-- several files per hop while reads are fast (:meth:`FileReader.fetch_many`). A page-cached
-  file reads in tens of microseconds, less than a hop costs the loader's process (a thread
-  wake-up, two futures, the event loop's callbacks, and GIL hand-offs between dozens of
-  threads that stall every other thread of the trainer's process). So a chunk of files is
-  read in one hop on one thread, which gives up as soon as one read is slow (see
-  :class:`ReadPace`); what is left, and everything while reads are slow (network storage),
-  goes one file per hop, thousands in flight.
+- several files per step while reads are fast (:meth:`FileReader.fetch_many`): by a reader
+  process, on the loop, or in one hop to a thread (:mod:`aioloader.read.groups`), giving up
+  as soon as one read is slow (see :class:`ReadPace`); what is left, and everything while
+  reads are slow (network storage), goes one file per hop, thousands in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import random
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -34,67 +29,27 @@ from aioloader.base.threads import DaemonThreadPool
 from aioloader.decode.protocol import Source
 from aioloader.decode.slabs import Arena
 from aioloader.decode.slots import OrderedSlots
-from aioloader.errors import LoaderTimeoutError, ReadError, SampleError
+from aioloader.errors import LoaderTimeoutError, SampleError
 from aioloader.observe.stages import StageMeter
 from aioloader.read.backends import StorageBackend
 from aioloader.read.blocking import (
-    GROUP_THREADS,
     ReadPace,
     check_span,
     into,
     read_file,
-    read_group,
     read_into,
     read_span,
     store,
     store_span,
     timed,
 )
+from aioloader.read.groups import Groups
+from aioloader.read.outcomes import TRANSIENT, backoff, checked
 from aioloader.read.remote import RemoteStore
 from aioloader.read.urls import is_remote, redact
+from aioloader.read.workers import ReadWorkers
 
 __all__ = ["FileReader", "ReadPace", "Source", "read_file"]  # ReadPace, read_file: from .blocking
-
-
-#: errno values worth another try: the storage may answer next time. EMFILE/ENFILE (too many
-#: open files) clear as other reads finish.
-TRANSIENT = frozenset(
-    {
-        errno.EIO,
-        errno.EAGAIN,
-        errno.EINTR,
-        errno.ETIMEDOUT,
-        errno.EBUSY,
-        errno.ESTALE,
-        errno.EMFILE,
-        errno.ENFILE,
-    }
-)
-
-
-def backoff(attempt: int) -> float:
-    """Seconds to wait before retry ``attempt`` (1, 2, ...): 50 ms doubling, at most 2 s,
-    times a random factor in [0.5, 1.5) (jitter: thousands of reads throttled at once must
-    not all come back at the same moment)."""
-    return float(min(2.0, 0.05 * 2 ** (attempt - 1)) * (0.5 + random.random()))
-
-
-def _checked(res: Source | OSError, path: str, index: int, io_concurrency: int) -> Source | SampleError:
-    """A read's result as the sample's bytes, or the :class:`ReadError` it is (the cause
-    chained without its traceback, whose frames would keep the slab mapped)."""
-    remote = is_remote(path)
-    what = "object" if remote else "file"
-    path = redact(path)
-    if isinstance(res, OSError):
-        hint = ""
-        if res.errno in (errno.EMFILE, errno.ENFILE):
-            hint = f"; raise the open-file limit (ulimit -n) or lower io_concurrency={io_concurrency}"
-        err = ReadError(f"cannot read {what}: {res.strerror or res}{hint}", path=path, index=index)
-        err.__cause__ = res.with_traceback(None)
-        return err
-    if (res[1] if isinstance(res, tuple) else len(res)) == 0:
-        return ReadError(f"empty {what}", path=path, index=index)
-    return res
 
 
 class FileReader:
@@ -118,6 +73,8 @@ class FileReader:
         storage_backend: StorageBackend = "auto",
         meter: StageMeter | None = None,
         max_io: int | None = None,
+        loop_free: bool = False,
+        workers: ReadWorkers | None = None,
     ) -> None:
         #: Reads in flight at most, now (see :meth:`set_limit`).
         self.io_concurrency = io_concurrency
@@ -140,7 +97,18 @@ class FileReader:
         # Threads start on demand: as many as reads have been in flight at once.
         self._pool = DaemonThreadPool(self.max_io, thread_name_prefix="aioloader-io")
         self._sem: OrderedSlots | None = None  # first come, first served (one key)
-        self._groups: asyncio.Semaphore | None = None  # group hops running at once
+        #: Fast groups; reader processes (closed with this reader) among their ways.
+        self.groups = Groups(
+            pace=self.pace,
+            meter=self.meter,
+            pool=self._pool,
+            slots=self._slots,
+            plain=self._plain,
+            plain_into=self._plain_into,
+            own=read is None,
+            loop_free=loop_free,
+            workers=workers,
+        )
 
     def set_limit(self, limit: int) -> None:
         """At most ``limit`` (1..``max_io``) reads in flight from now on; reads over it
@@ -212,29 +180,11 @@ class FileReader:
         """The bytes (or the :class:`SampleError`) of each ``(index, path)`` (only the
         ``(offset, length)`` of ``spans[i]`` when given), as :meth:`fetch` would give them;
         while reads of whole local files are fast (and no ``timeout`` bounds them), several
-        are read in one hop (see the module docstring)."""
-        done: list[Source | SampleError] = []
-        failed: OSError | None = None  # a transient error of the group: retried below
+        are read one after another (:mod:`aioloader.read.groups`)."""
         local = self.remote is None or not any(is_remote(path) for _, path in items)
         whole = spans is None or all(s is None for s in spans)
-        if timeout is None and self.pace.fast and len(items) > 1 and local and whole:
-            paths = [path for _, path in items]
-            one = partial(self._plain_into, arena=arena) if arena is not None else self._plain
-            if self._groups is None:
-                self._groups = asyncio.Semaphore(GROUP_THREADS)
-            async with self._groups, self._slots().slot(()):
-                loop = asyncio.get_running_loop()
-                entered = self.meter.enter()  # one I/O slot, its files read one after another
-                got: list[Source | OSError] = []
-                try:
-                    got = await loop.run_in_executor(self._pool, read_group, one, paths, self.pace)
-                finally:
-                    self.meter.leave(entered, per=len(got))
-            for (index, path), res in zip(items, got, strict=False):
-                if isinstance(res, OSError) and res.errno in TRANSIENT:
-                    failed = res
-                    break
-                done.append(_checked(res, path, index, self.io_concurrency))
+        # ``failed``: a transient error where the groups stopped, retried below.
+        done, failed = await self.groups.fetch(items, arena, timeout, local and whole, self.io_concurrency)
         start = len(done)
         if start < len(items):
             singles = [
@@ -310,10 +260,10 @@ class FileReader:
             raise LoaderTimeoutError(
                 f"read took longer than sample_timeout={timeout}s", path=redact(path), index=index
             )
-        checked = _checked(src if failure is None else failure, path, index, self.io_concurrency)
-        if isinstance(checked, SampleError):
-            raise checked
-        return checked
+        result = checked(src if failure is None else failure, path, index, self.io_concurrency)
+        if isinstance(result, SampleError):
+            raise result
+        return result
 
     async def _retrying(self, path: str, failed: OSError | None, fn: Callable[..., Any], *args: Any) -> Any:
         slots = self._slots()
@@ -347,6 +297,9 @@ class FileReader:
             await self.remote.aclose()
 
     def close(self, grace: float = 2.0) -> list[str]:
-        """Stop the I/O threads; returns the names of those abandoned in a hung read."""
+        """Stop the I/O threads and the reader processes; returns the names of threads
+        abandoned in a hung read."""
+        if self.groups.workers is not None:
+            self.groups.workers.close(grace)
         self._pool.shutdown(wait=True, cancel_futures=True, grace=grace)
         return self._pool.stuck

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from aioloader.base.items import Batch
-from aioloader.base.tree import map_leaves
+from aioloader.base.tree import flatten, map_leaves
 
 __all__ = ["DeviceCopier", "PinnedPool", "map_tensors"]
 
@@ -139,6 +139,10 @@ class DeviceCopier:
     def to_device(self, value: Any) -> tuple[Any, Any]:
         """``(value on the device, event recorded after its copies or None)``."""
         if not self.cuda:
+            # Only NumPy arrays change (into tensors): a batch without one, file bytes say,
+            # is not rebuilt.
+            if not any(isinstance(x, np.ndarray) for x in flatten(value)[1]):
+                return value, None
             return map_tensors(value, lambda t: t), None
         staged: list[torch.Tensor] = []
 

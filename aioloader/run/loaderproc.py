@@ -18,7 +18,9 @@ Two channels join it to the trainer (:mod:`aioloader.run.procruntime`)::
 
 Flow control: at most ``prefetch`` items of a run are sent and not yet taken. A batch's
 value is kept here until the trainer reports its slab released, so the slab is not reused
-while the trainer's tensors view it.
+while the trainer's tensors view it. Items are written by the ``aioloader-send`` thread: a
+batch of file bytes (``decode=None``) is larger than the socket's buffer, and its write waits
+for the trainer to read; the loop reads the next batch meanwhile.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from aioloader.base.items import Batch, End, Failure, Item
+from aioloader.base.threads import DaemonThreadPool
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode import zygote
@@ -164,6 +167,7 @@ class Host:
         except LoaderError:  # a bad AIOLOADER_SLABS: the pipeline's build reports it
             kind = None
         self.spills = SpillPool(kind, config.prefetch + 2) if kind is not None else None
+        self._sender = DaemonThreadPool(1, thread_name_prefix="aioloader-send")
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -205,6 +209,8 @@ class Host:
             except Exception:  # noqa: BLE001 - closing must go on
                 pass
             self.parts.close(grace=1.0)
+            # Bounded: the trainer reads what is still sent while it waits for this process.
+            self._sender.shutdown(wait=True, cancel_futures=True, grace=1.0)
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
@@ -277,7 +283,9 @@ class Host:
                 item = await queue.get()
                 await credits.acquire()
                 try:
-                    self._send_item(run_id, item)
+                    data = self._encode_item(run_id, item)
+                    if data is not None:  # written by the sender thread, in order: awaited
+                        await asyncio.get_running_loop().run_in_executor(self._sender, self.send.raw, data)
                 except Exception as exc:  # noqa: BLE001 - a bug of ours must still reach the trainer
                     err = LoaderError(f"loading stopped: {type(exc).__name__}: {exc}")
                     err.__cause__ = exc
@@ -289,14 +297,15 @@ class Host:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
 
-    def _send_item(self, run_id: int, item: Item) -> None:
+    def _encode_item(self, run_id: int, item: Item) -> bytes | None:
+        """A batch's message, to be written; an end or a failure is sent now (None)."""
         counts = self.counters.loader_side()
         if isinstance(item, End):
             self.send(("end", run_id, counts))
-            return
+            return None
         if isinstance(item, Failure):
             self.send(("fail", run_id, pack_error(item.error), counts))
-            return
+            return None
         slabs = self.parts.slabs.live_slabs() if self.parts is not None and self.parts.slabs else []
         located = [Located(s.handle, s.address, s.layout.size) for s in slabs]
         treedef, leaves, handles = encode(item.value, located)
@@ -312,9 +321,9 @@ class Host:
             self.send(("fail", run_id, pack_error(err), counts))
             for segment in spilled:
                 self.spills.give(segment)  # type: ignore[union-attr]
-            return
+            return None
         for handle in handles[: len(handles) - len(spilled)]:
             self.held[handle.name].append(item.value)
         for segment in spilled:  # back to the pool when the trainer lets go of it
             self.held[segment.handle.name].append(segment)
-        self.send.raw(data)
+        return data

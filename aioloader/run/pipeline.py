@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from aioloader.config import LoaderConfig
+from aioloader.config import LoaderConfig, usable_cpus
 from aioloader.dataset import FileDataset
 from aioloader.decode.pool import DecodePool
 from aioloader.decode.segments import FDS_PER_SLAB, MEMFD, choose_kind
@@ -22,6 +22,8 @@ from aioloader.decode.slabs import SlabPool
 from aioloader.engine.epoch import Engine, declared_layout, pooled_slabs
 from aioloader.observe.stats import Counters
 from aioloader.read.reader import FileReader
+from aioloader.read.routing import read_workers
+from aioloader.read.workers import ReadWorkers
 from aioloader.tune.tuner import MAX_AUTO_IO
 
 __all__ = ["Pipeline", "build", "io_concurrency_for_fd_limit"]
@@ -124,6 +126,14 @@ def build(
             # Sized for the reads in flight now; the tuner moves it with them.
             pooled = pooled_slabs(config.io_concurrency, config.batch_size, config.prefetch)
             slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode), kind)
+    n = read_workers(
+        config.num_workers,
+        usable_cpus(),
+        decoding=config.decode is not None,
+        own_read=config.read is None,
+        timeout=config.sample_timeout,
+    )
+    workers = ReadWorkers(n) if n else None
     reader = FileReader(
         config.io_concurrency,
         config.read,
@@ -133,7 +143,11 @@ def build(
         storage_backend=config.storage_backend,
         meter=counters.meters["read"],
         max_io=max_io,
+        loop_free=config.decode is None,  # no decode stage waits on the loop's attention
+        workers=workers,
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
     engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid)
+    if workers is not None:  # last: nothing after it can fail and leave them running
+        workers.start()
     return Pipeline(config, engine, reader, pool, slabs, collate_pool)

@@ -1,0 +1,105 @@
+"""What runs in a reader process (:mod:`aioloader.read.workers`): groups of paths in, each
+file read into the process's shared buffer, where each one is sent back.
+
+The process holds its buffer and its pipe, nothing else: it reads what it is sent, answers
+and waits for the next group, until the pipe closes (the loader closed) or its parent is gone
+(:mod:`aioloader.safety.lifeline`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from aioloader.decode.segments import SegmentHandle, attach
+from aioloader.read.blocking import HINT_MAX, MOUNTS, ReadPace, named, read_file
+from aioloader.read.urls import local_path
+from aioloader.safety import lifeline
+
+__all__ = ["Answer", "main", "read_into"]
+
+#: A group's answer: each file's ``(offset, length)`` in the buffer (or its bytes, or its
+#: ``OSError``), whether the last read was slow, and how long each read took.
+Answer = tuple[list[Any], bool, list[float]]
+
+
+def main(conn: Connection, handle: SegmentHandle) -> None:
+    """A reader process's life (the ``target`` it is started with): read each group it is
+    sent into the buffer ``handle`` names, answer, until the pipe closes."""
+    lifeline.become("worker")
+    lifeline.follow_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer owns shutdown
+    try:
+        buf = memoryview(attach(handle))
+    except OSError:  # closed before this process came up
+        return
+    while True:
+        try:
+            paths: list[str] = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        answer = read_into(buf, paths, ReadPace())
+        try:
+            conn.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
+        except OSError:  # the loader closed while this group was read: nobody waits for it
+            return
+
+
+def read_into(buf: memoryview, paths: list[str], pace: ReadPace) -> Answer:
+    """``paths`` read one after another into ``buf`` (a group's rules: see
+    :func:`~aioloader.read.blocking.read_group`), each as ``(offset, length)`` there, its
+    bytes when it does not fit, or its ``OSError``.
+
+    The worker's whole job, so the common case is written out: once a file's size is known,
+    the next ones are read with it as the hint (:func:`~aioloader.read.blocking.read_file`),
+    straight into the buffer, with no fstat and no allocation. A file that is larger, the
+    first of a group, or on a filesystem that may answer reads short, is read whole by
+    ``read_file`` and copied in.
+    """
+    out: list[Any] = []
+    times: list[float] = []
+    pos, end, hint = 0, len(buf), 0
+    folder, whole = None, False
+    start = t = time.perf_counter()
+    for path in paths:
+        try:
+            local = local_path(path)
+            cut = local.rfind(os.sep) + 1
+            if local[:cut] != folder:
+                folder = local[:cut]
+                whole = MOUNTS.whole_reads(folder)
+            want = hint + 1
+            n = want
+            if whole and hint and pos + want <= end:
+                fd = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    n = os.readv(fd, [buf[pos : pos + want]])
+                finally:
+                    os.close(fd)
+            if n < want:  # the whole file, in place
+                out.append((pos, n))
+                pos += n
+            else:  # no hint, or larger than it: read whole, then in place if it fits
+                data = read_file(path)
+                n = len(data)
+                hint = max(hint, n) if n <= HINT_MAX else hint
+                if pos + n <= end:
+                    buf[pos : pos + n] = data
+                    out.append((pos, n))
+                    pos += n
+                else:
+                    out.append(data)
+        except OSError as exc:
+            out.append(named(exc, path).with_traceback(None))
+        now = time.perf_counter()
+        times.append(now - t)
+        if now - t > pace.slow:
+            return out, True, times
+        if now - start > pace.budget:
+            break
+        t = now
+    return out, False, times

@@ -1,0 +1,208 @@
+"""Reader processes (``decode=None``): groups of small local files read in other processes
+into shared memory, the loop copying each file out; failures on their own files; a worker
+that dies leaves its group to the loop; nothing left after close (the ``no_leaks``
+fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import write_numbered_files
+
+from aioloader import ReadError
+from aioloader.read import readproc
+from aioloader.read import workers as workers_mod
+from aioloader.read.blocking import ReadPace
+from aioloader.read.reader import FileReader
+from aioloader.read.routing import LOOP, MAX_READ_WORKERS, WORKERS, read_workers, route
+from aioloader.read.workers import ReadWorkers
+
+#: How long a test waits for the zygote to fork a worker before it gives up (never reached
+#: when things work).
+START_TIMEOUT = 60.0
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[str]:
+    return write_numbered_files(tmp_path / "f", 24)
+
+
+def started(n: int) -> ReadWorkers:
+    """``n`` workers, started and known to be up."""
+    workers = ReadWorkers(n)
+    workers.start()
+    deadline = time.monotonic() + START_TIMEOUT
+    while len(workers.pids()) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(workers.pids()) == n, "the reader processes did not start"
+    return workers
+
+
+def on_loop(fn: Callable[[], Any]) -> Any:
+    async def go() -> Any:
+        return await fn()
+
+    return asyncio.run(go())
+
+
+# -- pure: when and how many ----------------------------------------------------------------
+
+
+def test_route_fast_own_reads_go_to_workers_once_one_started() -> None:
+    fast = {"files": 16, "fast": True, "local": True, "whole": True, "timeout": None}
+    assert route(**fast, own_read=True, loop_free=True, workers=True) == WORKERS
+    assert route(**fast, own_read=True, loop_free=True, workers=False) == LOOP
+    assert route(**{**fast, "fast": False}, own_read=True, loop_free=True, workers=True) != WORKERS
+    assert route(**{**fast, "timeout": 1.0}, own_read=True, loop_free=True, workers=True) != WORKERS
+
+
+def test_read_workers_leave_a_cpu_and_come_only_without_decode_custom_read_or_timeout() -> None:
+    plain = {"decoding": False, "own_read": True, "timeout": None}
+    assert read_workers(2, 2, **plain) == 1  # a CPU for the loop and the trainer
+    assert read_workers(2, 8, **plain) == 2
+    assert read_workers(64, 64, **plain) == MAX_READ_WORKERS
+    assert read_workers(2, 1, **plain) == 0  # one CPU: the loop reads
+    assert read_workers(2, 8, **{**plain, "decoding": True}) == 0
+    assert read_workers(2, 8, **{**plain, "own_read": False}) == 0
+    assert read_workers(2, 8, **{**plain, "timeout": 3.0}) == 0
+
+
+# -- the workers ----------------------------------------------------------------------------
+
+
+def test_a_group_comes_back_as_bytes_and_errors_in_order(files: list[str], tmp_path: Path) -> None:
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    paths = [*files[:3], str(tmp_path / "missing"), str(tmp_path), str(empty), *files[3:]]
+    workers = started(1)
+    try:
+        answer = on_loop(lambda: workers.read(paths))
+    finally:
+        workers.close()
+    assert answer is not None
+    got, slow, times = answer
+    assert len(got) == len(times) == len(paths) and not slow  # no budget reached for 27 small files
+    assert [got[i] for i in (0, 1, 2)] == [Path(p).read_bytes() for p in files[:3]]
+    assert got[6:] == [Path(p).read_bytes() for p in files[3:]]
+    assert isinstance(got[3], FileNotFoundError) and got[3].filename == paths[3]
+    assert isinstance(got[4], IsADirectoryError) and got[4].filename == paths[4]
+    assert got[5] == b""
+
+
+def test_a_file_larger_than_the_buffer_comes_through_the_pipe(
+    files: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workers_mod, "BUFFER_BYTES", 64)
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(1000))
+    paths = [files[0], str(big), files[1], files[2], files[3], files[4], files[5]]
+    workers = started(1)
+    try:
+        answer = on_loop(lambda: workers.read(paths))
+    finally:
+        workers.close()
+    assert answer is not None
+    assert answer[0] == [Path(p).read_bytes() for p in paths]  # 64 bytes hold 4 of the small ones
+
+
+def test_groups_share_the_workers_and_a_dead_one_is_left_out(files: list[str]) -> None:
+    """Four groups at once on two workers: each comes back whole. Then one worker is killed:
+    the next groups go to the other; once both are dead, ``read`` says None (the reader
+    reads on the loop)."""
+    workers = started(2)
+    groups = [files[i : i + 6] for i in range(0, 24, 6)]
+
+    async def go() -> list[Any]:
+        first = await asyncio.gather(*(workers.read(g) for g in groups))
+        os.kill(workers.pids()[0], signal.SIGKILL)
+        after = [await workers.read(g) for g in groups]
+        os.kill(workers.pids()[1], signal.SIGKILL)
+        last = [await workers.read(g) for g in groups]
+        return [first, after, last]
+
+    try:
+        first, after, last = on_loop(go)
+    finally:
+        workers.close()
+    want = [[Path(p).read_bytes() for p in g] for g in groups]
+    assert [a[0] for a in first] == want
+    # The killed worker's group (if it got one) came back None; every other is whole.
+    assert sum(a is None for a in after) <= 1
+    assert all(a[0] == w for a, w in zip(after, want, strict=True) if a is not None)
+    assert all(a is None for a in last)
+
+
+def test_a_reader_with_workers_reads_like_one_without(files: list[str], tmp_path: Path) -> None:
+    """Through ``FileReader.fetch_many``: the same bytes and the same ReadErrors naming
+    their files, the groups read by the workers (their reads counted once each)."""
+    paths = [*files[:10], str(tmp_path / "missing"), *files[10:]]
+    reader = FileReader(64, loop_free=True, workers=started(2))
+    reader.pace.slow = reader.pace.budget = math.inf
+
+    async def go() -> list[Any]:
+        return await reader.fetch_many(list(enumerate(paths)), None, None)
+
+    try:
+        got = asyncio.run(go())
+    finally:
+        reader.close()
+    assert [g for i, g in enumerate(got) if i != 10] == [Path(p).read_bytes() for p in files]
+    assert isinstance(got[10], ReadError) and (got[10].index, got[10].path) == (10, paths[10])
+    assert isinstance(got[10].__cause__, FileNotFoundError)
+    assert reader.meter.snapshot().items == len(paths)
+
+
+def test_closing_with_a_group_in_flight_is_quiet(files: list[str], capfd: pytest.CaptureFixture[str]) -> None:
+    """Closed while a worker reads a long group: it ends without a word (no traceback of a
+    broken pipe on stderr), and nothing is left (the ``no_leaks`` fixture)."""
+    workers = started(1)
+
+    async def go() -> None:
+        reading = asyncio.ensure_future(workers.read(files * 400))
+        await asyncio.sleep(0)  # sent
+        workers.close()
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+
+    on_loop(go)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+# -- what a worker runs, here ----------------------------------------------------------------
+
+
+def test_a_workers_group_read_lands_in_its_buffer(files: list[str], tmp_path: Path) -> None:
+    """Hinted reads straight into the buffer, one after another; a larger file read whole
+    and copied in; one that does not fit comes back as bytes; failures name their files."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(100))
+    paths = [files[0], files[1], str(big), files[2], str(tmp_path / "missing"), str(tmp_path), files[3]]
+    buf = memoryview(bytearray(140))
+    got, slow, times = readproc.read_into(buf, paths, ReadPace())
+    assert not slow and len(got) == len(times) == len(paths)
+    placed = [bytes(buf[o : o + n]) if type(r) is tuple and (o := r[0], n := r[1]) else r for r in got]
+    assert placed[:4] == [Path(p).read_bytes() for p in paths[:4]]
+    assert [got[0], got[1], got[2], got[3]] == [(0, 13), (13, 13), (26, 100), (126, 13)]
+    assert isinstance(got[4], FileNotFoundError) and got[4].filename == paths[4]
+    assert isinstance(got[5], IsADirectoryError) and got[5].filename == paths[5]
+    assert got[6] == Path(files[3]).read_bytes()  # 1 byte left: not in the buffer
+
+
+def test_a_workers_group_stops_at_a_slow_read_or_its_budget(files: list[str]) -> None:
+    buf = memoryview(bytearray(1 << 16))
+    every_read_slow = ReadPace()
+    every_read_slow.slow = -1.0
+    got, slow, _ = readproc.read_into(buf, files, every_read_slow)
+    assert slow and len(got) == 1
+    no_budget = ReadPace()
+    no_budget.slow, no_budget.budget = math.inf, -1.0
+    got, slow, _ = readproc.read_into(buf, files, no_budget)
+    assert not slow and len(got) == 1
