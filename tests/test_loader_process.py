@@ -426,10 +426,11 @@ if __name__ == "__main__":
     logging.getLogger("aioloader").addHandler(Keep(logging.DEBUG))
     logging.getLogger("aioloader").setLevel(logging.DEBUG)
     paths = {paths!r}
-    # A real loader in this process, before any zygote: no decode pool (so it never asks for
-    # one), but its aioloader-loop, -transfer and -collate threads run while it is open, and
-    # a zygote forked now could copy a lock one of them holds.
-    with Loader(paths, batch_size=37, decode=None, loader_process=False) as first:
+    # A real loader in this process, before any zygote: no decode pool and, with a
+    # sample_timeout, no reader processes (so it never asks for one), but its aioloader-loop,
+    # -transfer and -collate threads run while it is open, and a zygote forked now could copy
+    # a lock one of them holds.
+    with Loader(paths, batch_size=37, decode=None, loader_process=False, sample_timeout=30) as first:
         assert len(next(iter(first))) == 37
         cases = {{
             "default": {{}},
