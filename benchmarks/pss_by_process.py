@@ -1,0 +1,80 @@
+"""Where the memory of the whole process tree is, process by process: PSS, private dirty
+pages, anonymous and shared-memory PSS (``/proc/<pid>/smaps_rollup``) of the trainer,
+aioloader's zygote, loader process and workers (or DataLoader's workers), read at batch 15
+of the second epoch of a plain user decode (``userfns.random_crop``), batch 64.
+
+    python benchmarks/pss_by_process.py [auto|off|on|dataloader] [--images 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from torch.utils.data import DataLoader  # noqa: E402
+from userfns import PeerDataset, add_folder_args, descendants, image_folder, random_crop  # noqa: E402
+
+from aioloader import FileDataset, Loader  # noqa: E402
+
+
+def rollup(pid: int) -> dict[str, int]:
+    """MiB by field of ``/proc/<pid>/smaps_rollup``."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
+                out[parts[0][:-1]] = int(parts[1]) // 1024
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", choices=["auto", "off", "on", "dataloader"])
+    add_folder_args(p)
+    args = p.parse_args()
+    files = FileDataset.from_folder(image_folder(args))
+    loader: Any
+    if args.mode == "dataloader":
+        loader = DataLoader(
+            PeerDataset(files, random_crop),
+            batch_size=64,
+            shuffle=True,
+            num_workers=2,
+            persistent_workers=True,
+        )
+    else:
+        extra = {} if args.mode == "auto" else {"loader_process": args.mode == "on"}
+        loader = Loader(files, batch_size=64, decode=random_crop, shuffle=True, **extra)
+    fields = ("Pss", "Private_Dirty", "Pss_Anon", "Pss_Shmem")
+    for epoch in range(2):
+        for i, _batch in enumerate(loader):
+            if epoch == 1 and i == 15:
+                print(f"## {args.mode}: MiB at batch 15 of epoch 2\n")
+                print("| process | pid | " + " | ".join(fields) + " |")
+                print("|---|---:|" + "---:|" * len(fields))
+                total = 0
+                for pid in descendants(os.getpid()):
+                    try:
+                        with open(f"/proc/{pid}/comm") as f:
+                            comm = f.read().strip()
+                        r = rollup(pid)
+                    except OSError:
+                        continue
+                    total += r["Pss"]
+                    name = "trainer" if pid == os.getpid() else comm
+                    print(f"| {name} | {pid} | " + " | ".join(str(r.get(k, 0)) for k in fields) + " |")
+                print(f"| **whole tree** | | {total} | | | |\n")
+    if isinstance(loader, Loader):
+        loader.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
