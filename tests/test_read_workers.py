@@ -53,6 +53,15 @@ def on_loop(fn: Callable[[], Any]) -> Any:
     return asyncio.run(go())
 
 
+def read_once(paths: list[str]) -> Any:
+    """What one started reader process answers for ``paths``; closed afterwards."""
+    workers = started(1)
+    try:
+        return on_loop(lambda: workers.read(paths))
+    finally:
+        workers.close()
+
+
 # -- pure: when and how many ----------------------------------------------------------------
 
 
@@ -82,11 +91,7 @@ def test_a_group_comes_back_as_bytes_and_errors_in_order(files: list[str], tmp_p
     empty = tmp_path / "empty.bin"
     empty.write_bytes(b"")
     paths = [*files[:3], str(tmp_path / "missing"), str(tmp_path), str(empty), *files[3:]]
-    workers = started(1)
-    try:
-        answer = on_loop(lambda: workers.read(paths))
-    finally:
-        workers.close()
+    answer = read_once(paths)
     assert answer is not None
     got, slow, times = answer
     assert len(got) == len(times) == len(paths) and not slow  # no budget reached for 27 small files
@@ -104,11 +109,7 @@ def test_a_file_larger_than_the_buffer_comes_through_the_pipe(
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(1000))
     paths = [files[0], str(big), files[1], files[2], files[3], files[4], files[5]]
-    workers = started(1)
-    try:
-        answer = on_loop(lambda: workers.read(paths))
-    finally:
-        workers.close()
+    answer = read_once(paths)
     assert answer is not None
     assert answer[0] == [Path(p).read_bytes() for p in paths]  # 64 bytes hold 4 of the small ones
 
