@@ -3,8 +3,9 @@
     python examples/train_folder.py [ROOT] [--epochs 2] [--device cuda] [--in-process]
 
 Without ROOT, a small synthetic JPEG dataset is generated into a temporary folder. The
-``if __name__ == "__main__"`` guard matters: decode workers start by forkserver/spawn and
-re-import this script.
+``if __name__ == "__main__"`` guard is good practice; aioloader's workers and loader process
+never run this script again (they are forked by its zygote, and its functions are sent by
+value).
 """
 
 from __future__ import annotations
