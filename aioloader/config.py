@@ -6,6 +6,7 @@ Every argument error names the argument and shows the value, e.g.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,11 +17,21 @@ import torch
 from aioloader.base import sendable
 from aioloader.read.backends import StorageBackend, resolve
 
-__all__ = ["AUTO_IO_START", "LoaderConfig", "LoaderProcess", "resolve_device", "resolve_rank", "usable_cpus"]
+__all__ = [
+    "AUTO_IO_START",
+    "DecodeOn",
+    "LoaderConfig",
+    "LoaderProcess",
+    "resolve_device",
+    "resolve_rank",
+    "usable_cpus",
+]
 
 logger = logging.getLogger("aioloader")
 
 OnError = Literal["raise", "skip"]
+#: ``decode_on``: where the decode runs.
+DecodeOn = Literal["local", "ray"]
 #: ``loader_process``: ``"auto"`` (a loader process wherever one can be made), True or False.
 LoaderProcess = bool | Literal["auto"]
 #: Reads in flight an ``io_concurrency="auto"`` loader starts with (:mod:`aioloader.tune.rules` moves it).
@@ -151,6 +162,12 @@ class LoaderConfig:
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     #: the client of remote reads (:mod:`aioloader.read.backends`).
     storage_backend: StorageBackend = "auto"
+    #: where samples are decoded: ``"local"`` (worker processes of this machine) or ``"ray"``
+    #: (tasks on the connected Ray cluster, :mod:`aioloader.cluster`).
+    decode_on: DecodeOn = "local"
+    #: ``decode_on="ray"``: Ray tasks decoding at once (``num_workers``); None: as many as the
+    #: cluster has CPUs when the loader starts.
+    cluster_tasks: int | None = None
     #: a progress bar per epoch (:mod:`aioloader.observe.progressbar`).
     progress: bool | Literal["always"] = False
     #: ``io_concurrency="auto"``: ``io_concurrency`` is where the tuner starts.
@@ -213,6 +230,7 @@ class LoaderConfig:
         storage_options: object = None,
         storage_backend: object = "auto",
         progress: object = False,
+        decode_on: object = "local",
     ) -> LoaderConfig:
         """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
         bs = _positive_int("batch_size", batch_size)
@@ -236,6 +254,9 @@ class LoaderConfig:
             raise ValueError(f"loader_process={loader_process!r} must be 'auto', True or False")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed={seed!r} must be a non-negative integer")
+        on_ray = _check_decode_on(decode_on, decode, num_workers, loader_process)
+        if on_ray:
+            loader_process = False  # the Ray connection is the trainer's process's
         workers_auto = num_workers == "auto"
         if num_workers is None or workers_auto:
             workers = usable_cpus()
@@ -289,7 +310,9 @@ class LoaderConfig:
         if progress not in (True, False, "always") or not isinstance(progress, (bool, str)):
             raise ValueError(f"progress={progress!r} must be True, False or 'always'")
         sent = {}
-        if decode is not None:
+        if decode is not None and on_ray:
+            sent["decode"] = sendable.dumps(decode, "decode", "the Ray cluster's workers", elsewhere=True)
+        elif decode is not None:
             sent["decode"] = sendable.dumps(decode, "decode", "the decode worker processes")
         process_auto = loader_process == "auto"
         process = loader_process is True or process_auto
@@ -339,4 +362,30 @@ class LoaderConfig:
             io_auto=io_auto,
             workers_auto=workers_auto,
             sent=sent,
+            decode_on="ray" if on_ray else "local",
+            cluster_tasks=(workers if num_workers is not None else None) if on_ray else None,
         )
+
+
+def _check_decode_on(decode_on: object, decode: object, num_workers: object, loader_process: object) -> bool:
+    """Whether ``decode_on`` is ``"ray"``; a ``ValueError`` naming the argument for what
+    cannot go with it, an ``ImportError`` naming the extra without Ray installed."""
+    if decode_on not in ("local", "ray") or not isinstance(decode_on, str):
+        raise ValueError(f"decode_on={decode_on!r} must be 'local' or 'ray'")
+    if decode_on == "local":
+        return False
+    if decode is None:
+        raise ValueError("decode_on='ray' needs a decode function (decode=None: nothing to decode)")
+    if num_workers == "auto":
+        raise ValueError(
+            "num_workers='auto' cannot go with decode_on='ray': give the Ray tasks to run at once, "
+            "or None for as many as the cluster has CPUs"
+        )
+    if loader_process is True:
+        raise ValueError(
+            "loader_process=True cannot go with decode_on='ray': the loader submits its Ray tasks "
+            "from the trainer's process, which holds the Ray connection (leave loader_process='auto')"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ImportError("decode_on='ray' needs Ray: pip install 'aioloader[ray]'")
+    return True

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 
 from aioloader.base.threads import in_thread
-from aioloader.config import LoaderConfig, LoaderProcess, OnError
+from aioloader.config import DecodeOn, LoaderConfig, LoaderProcess, OnError
 from aioloader.dataset import FileDataset, StrPath
 from aioloader.decode.image import ImageDecoder
 from aioloader.errors import LoaderClosedError
@@ -152,6 +152,12 @@ class Loader:
         progress: a progress bar per epoch on stderr (tqdm): batches, samples/s, MB/s and
             the share of time the trainer waited. ``True`` draws it only when stderr is a
             terminal; ``"always"`` draws it anyway (a log file).
+        decode_on: ``"local"`` (default), or ``"ray"``: ``decode`` runs as Ray tasks on the
+            cluster this process connected to with ``ray.init(...)`` (else the loader tries
+            ``address="auto"``, then raises :class:`LoaderError`); ``num_workers``: tasks at
+            once (None: the cluster's CPUs). Same batches as ``"local"``; URLs are read on
+            the cluster. Loads in-process (``loader_process=True`` is refused); ``close()``
+            leaves Ray connected. ``pip install 'aioloader[ray]'``; see :mod:`aioloader.cluster`.
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -192,6 +198,7 @@ class Loader:
         storage_options: dict[str, Any] | None = None,
         storage_backend: StorageBackend = "auto",
         progress: bool | Literal["always"] = False,
+        decode_on: DecodeOn = "local",
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -222,6 +229,7 @@ class Loader:
             storage_options=storage_options,
             storage_backend=storage_backend,
             progress=progress,
+            decode_on=decode_on,
         )
         if isinstance(dataset, FileDataset):
             self._dataset = dataset

@@ -15,12 +15,21 @@ everything importable by reference. Each loader pickles its callables once, when
 is a ``ValueError`` naming the argument then, not a worker that fails later; a worker
 unpickles it once, when it starts (:func:`loads`). Unpickling needs only the standard
 library's ``pickle`` and an importable cloudpickle.
+
+A process on another machine (``decode_on="ray"``) has the installed packages, but not the
+user's own modules beside the training script (``from myaugment import crop``): with
+``elsewhere=True`` those go by value too (:func:`user_modules`: every loaded module whose
+file is outside the interpreter's installation and its site-packages).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import site
+import sys
+import sysconfig
+from types import ModuleType
 from typing import Any
 
 import cloudpickle
@@ -28,13 +37,40 @@ import cloudpickle
 from aioloader.errors import LoaderError
 from aioloader.safety import lifeline
 
-__all__ = ["dumps", "loads"]
+__all__ = ["dumps", "loads", "user_modules"]
 
 
-def dumps(value: Any, argument: str, runs_in: str) -> bytes:
+def user_modules() -> list[ModuleType]:
+    """The loaded modules that are the user's own code: a file outside the interpreter's
+    installation (its standard library and every site-packages), other than ``__main__``
+    (cloudpickle sends what it uses by value anyway) and aioloader."""
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    installed.update(os.path.realpath(p) for p in sysconfig.get_paths().values())
+    installed.update(os.path.realpath(p) for p in [*site.getsitepackages(), site.getusersitepackages()])
+    roots = tuple(p.rstrip(os.sep) + os.sep for p in installed)
+    found = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if name == "__main__" or name.split(".")[0] == "aioloader" or not isinstance(file, str):
+            continue
+        if not os.path.realpath(file).startswith(roots):
+            found.append(module)
+    return found
+
+
+def dumps(value: Any, argument: str, runs_in: str, elsewhere: bool = False) -> bytes:
     """``value`` pickled by value where it must be (see the module), for the argument named
-    ``argument`` that runs in ``runs_in``; ``ValueError`` naming both when it cannot be."""
+    ``argument`` that runs in ``runs_in``; ``ValueError`` naming both when it cannot be.
+    ``elsewhere``: for another machine, the user's own modules by value too."""
+    registered = []
     try:
+        if elsewhere:
+            for module in user_modules():
+                try:
+                    cloudpickle.register_pickle_by_value(module)
+                    registered.append(module)
+                except ValueError:  # not in sys.modules under its name any more
+                    pass
         blob: bytes = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         return blob
     except Exception as exc:
@@ -44,6 +80,9 @@ def dumps(value: Any, argument: str, runs_in: str) -> bytes:
             f"be picklable: create locks, sockets, open files and clients inside it (on first "
             f"use) rather than holding them"
         ) from exc
+    finally:
+        for module in registered:
+            cloudpickle.unregister_pickle_by_value(module)
 
 
 def loads(blob: bytes, argument: str = "value") -> Any:

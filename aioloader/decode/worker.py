@@ -50,7 +50,7 @@ from aioloader.decode.protocol import (
 from aioloader.decode.segments import SegmentHandle, attach
 from aioloader.safety import lifeline
 
-__all__ = ["decode_chunk", "run_chunk", "sample_rng", "warm_up", "worker_init"]
+__all__ = ["RowWriter", "decode_chunk", "run_chunk", "sample_rng", "warm_up", "worker_init"]
 
 _decode: Callable[[bytes], Any] | None = None
 # Per thread: ``context``, the (seed, epoch, index) of the sample being decoded, and ``rng``,
@@ -160,7 +160,7 @@ def decode_chunk(m: mmap.mmap | None, chunk: Chunk, decode: Callable[[bytes], An
     """Decode ``chunk`` over the slab mapped at ``m`` (None: no slab) with ``decode``."""
     layout = chunk.layout if m is not None else None
     status = StatusTable(m, layout.rows) if m is not None and layout is not None else None
-    out = _Output(m, layout, chunk.out) if m is not None and layout is not None else None
+    out = RowWriter(m, layout, chunk.out) if m is not None and layout is not None else None
     results: list[RowResult] = []
     for row, index, src in chunk.items:
         if status is not None:
@@ -177,7 +177,7 @@ def decode_chunk(m: mmap.mmap | None, chunk: Chunk, decode: Callable[[bytes], An
     return results
 
 
-class _Output:
+class RowWriter:
     """Writes one sample's arrays into the slab: its row of the rows blocks when it has the
     slab's sample layout, else the chunk's share of the output area, else nowhere."""
 
@@ -227,7 +227,7 @@ class _Output:
 def _decode_one(
     decode: Callable[[bytes], Any] | None,
     data: bytes,
-    out: _Output | None,
+    out: RowWriter | None,
     row: int,
     seed: int,
     epoch: int,

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
+from aioloader.cluster.session import RaySession
+from aioloader.cluster.stage import RayDecodeStage
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.image import ImageDecoder
@@ -33,6 +35,7 @@ from aioloader.observe.stats import Counters
 from aioloader.plan.repack import Repacker
 from aioloader.plan.sampler import EpochPlan
 from aioloader.read.reader import FileReader
+from aioloader.read.urls import is_remote
 from aioloader.tune.tuner import Tuner, memory_budget, trainer_pids
 
 __all__ = ["Engine", "chunk_size", "declared_layout", "pooled_slabs", "window_size"]
@@ -68,6 +71,7 @@ class Engine:
         collate_pool: ThreadPoolExecutor,
         counters: Counters,
         trainer_pid: int | None = None,
+        cluster: RaySession | None = None,
     ) -> None:
         self._cfg = config
         self._ds = dataset
@@ -75,8 +79,24 @@ class Engine:
         self._slabs = slabs
         self._counters = counters
         self.policy = FailurePolicy(config.on_error, config.max_failures, counters)
-        self._decoder = None
-        if pool is not None:
+        self._decoder: DecodeStage | RayDecodeStage | None = None
+        # decode_on="ray": the tasks read the dataset's URLs themselves (not a custom read,
+        # nor byte ranges of a file), and local files cross as bytes, not through a slab's arena.
+        self._cluster_reads = cluster is not None and config.read is None and not dataset.has_spans
+        self._cluster_tasks = 0
+        if cluster is not None:
+            self._decoder = RayDecodeStage(
+                cluster,
+                seed=config.seed,
+                sample_timeout=config.sample_timeout,
+                read_retries=config.read_retries,
+                storage_options=config.storage_options,
+                io_concurrency=config.io_concurrency,
+                path_of=dataset.path,
+                counters=counters,
+            )
+            self._cluster_tasks = cluster.bound
+        elif pool is not None:
             assert config.decode is not None
             self._decoder = DecodeStage(
                 config.decode,
@@ -99,7 +119,10 @@ class Engine:
         # Samples per decode task: one round trip to a worker is amortised over a chunk, and
         # a batch still spreads over every worker (two chunks each). Without decoding, a
         # batch is one chunk: its reads are all there is to it.
-        self.chunk = chunk_size(config.batch_size, config.num_workers if pool is not None else 0)
+        workers = config.num_workers if pool is not None else 0
+        if cluster is not None:  # a Ray task costs more than a local one: a chunk of 8 at least
+            workers = min(cluster.tasks, max(1, config.batch_size // 16))
+        self.chunk = chunk_size(config.batch_size, workers)
         #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
         self.tuner = (
             Tuner(
@@ -121,11 +144,13 @@ class Engine:
     def window(self) -> int:
         """Batches under construction: enough to keep every read slot busy (the reader's
         limit now), at least two so the next batch starts while the current one finishes."""
-        return window_size(self._reader.io_concurrency, self._cfg.batch_size)
+        io = max(self._reader.io_concurrency, self._cluster_tasks * self.chunk)
+        return window_size(io, self._cfg.batch_size)
 
     def _io_moved(self, io: int) -> None:
         """The read limit moved: so do the window and the slabs kept for it."""
         if self._slabs is not None:
+            io = max(io, self._cluster_tasks * self.chunk)
             self._slabs.set_pooled(pooled_slabs(io, self._cfg.batch_size, self._cfg.prefetch))
 
     def _bytes_per_sample(self) -> int:
@@ -138,7 +163,8 @@ class Engine:
         for the file sizes seen, an output area when shapes vary."""
         if self._slabs is not None:
             out = self._cfg.batch_size * self._layout.out_bytes_per_sample()
-            self._slabs.want(self._layout.sample, self._sizes.arena_bytes(), out)
+            arena = 0 if self._cluster_tasks else self._sizes.arena_bytes()  # Ray: files cross as bytes
+            self._slabs.want(self._layout.sample, arena, out)
 
     async def produce(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
         """Put the batches of ``plan.pending()`` into ``out``, then ``END`` or a
@@ -223,8 +249,19 @@ class Engine:
         results: list[RowResult | None],
     ) -> None:
         """Read the files of ``rows`` concurrently, then decode them in one worker task."""
-        sources = await self._read(indices, rows, slab)
-        items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
+        items: list[tuple[int, int, Any]]
+        if self._cluster_reads:  # URLs go to the Ray tasks as they are
+            paths = self._ds.paths_of([indices[r] for r in rows])
+            urls = [(r, indices[r], p) for r, p in zip(rows, paths, strict=True) if is_remote(p)]
+            here = [r for r, p in zip(rows, paths, strict=True) if not is_remote(p)] if urls else rows
+            if urls:
+                self.policy.attempted(len(urls))
+            sources = await self._read(indices, here, slab) if here else []
+            items = [(r, indices[r], src) for r, src in zip(here, sources, strict=True) if src is not None]
+            items = sorted(items + urls) if urls else items
+        else:
+            sources = await self._read(indices, rows, slab)
+            items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
         if not items:
             return
         if self._decoder is None:  # decode=None: the sample is the file's bytes
@@ -240,11 +277,14 @@ class Engine:
             else:
                 results[r] = outcome
 
-    async def _read(self, indices: list[int], rows: range, slab: Slab | None) -> list[Source | None]:
-        """The bytes of the samples in ``rows`` (into the slab's input arena when decoding);
-        None for a sample that failed and is skipped."""
+    async def _read(
+        self, indices: list[int], rows: range | list[int], slab: Slab | None
+    ) -> list[Source | None]:
+        """The bytes of the samples in ``rows`` (into the slab's input arena when decoding
+        locally); None for a sample that failed and is skipped."""
         self.policy.attempted(len(rows))
-        arena = slab.input if slab is not None and self._decoder is not None else None
+        local = self._decoder is not None and not self._cluster_tasks
+        arena = slab.input if slab is not None and local else None
         chosen = [indices[r] for r in rows]
         items = list(zip(chosen, self._ds.paths_of(chosen), strict=True))
         spans = [self._ds.span(index) for index in chosen] if self._ds.has_spans else None

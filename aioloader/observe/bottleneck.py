@@ -45,9 +45,12 @@ def diagnose(
     num_workers: int,
     io_concurrency: int,
     remote: bool = False,
+    cluster_busy: float | None = None,
 ) -> Bottleneck:
     """The bottleneck over the span ``stages`` cover, where the trainer waited
-    ``wait_share`` (0..1) of the time (see the module docstring)."""
+    ``wait_share`` (0..1) of the time (see the module docstring). ``cluster_busy``:
+    with ``decode_on="ray"``, the share of the cluster's task slots' time spent decoding
+    (:attr:`~aioloader.observe.stats.ClusterStats.busy_share`)."""
     if wait_share < WAIT_SHARE:
         return Bottleneck(
             "trainer",
@@ -58,7 +61,26 @@ def diagnose(
     if not present:
         return Bottleneck("read", "nothing measured yet")
     slow = max(present, key=utilization)
+    if slow.name == "decode" and cluster_busy is not None:
+        return Bottleneck("decode", _cluster_advice(slow, wait_share, num_workers, cluster_busy))
     return Bottleneck(slow.name, _advice(slow, wait_share, num_workers, io_concurrency, remote))
+
+
+def _cluster_advice(stage: StageStats, wait_share: float, tasks: int, busy: float) -> str:
+    held = (
+        f"{stage.mean_in_flight:.1f} of {stage.bound} Ray tasks in flight for {tasks} decoding at once"
+        f"{_latency(stage)} per sample; trainer waited {wait_share:.0%}"
+    )
+    if busy >= 0.7:
+        return (
+            f"{held}; the cluster's task slots were busy decoding {busy:.0%} of the time — add CPUs "
+            "to the Ray cluster (and num_workers up to them), or make decode cheaper"
+        )
+    return (
+        f"{held}; the cluster's task slots were busy decoding only {busy:.0%} of the time: the "
+        "transfer from the cluster is the limit — a larger batch_size (more samples per task), a "
+        "faster network, or URLs that the cluster reads itself"
+    )
 
 
 def _latency(stage: StageStats) -> str:

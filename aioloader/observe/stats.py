@@ -18,7 +18,7 @@ from aioloader.observe.stages import STAGES, StageMeter, StageStats, between
 if TYPE_CHECKING:
     from aioloader.config import LoaderConfig
 
-__all__ = ["WINDOW", "Counters", "LoaderSide", "LoaderStats"]
+__all__ = ["WINDOW", "ClusterStats", "Counters", "LoaderSide", "LoaderStats"]
 
 log = logging.getLogger("aioloader")
 
@@ -30,6 +30,44 @@ LoaderSide = tuple[int, int, dict[str, int], tuple[str, ...], int, int, dict[str
 WINDOW = 50
 #: Fewest batches the warning judges (an epoch's last ones, after its last full window).
 MIN_JUDGED = 20
+
+
+@dataclass(frozen=True)
+class ClusterStats:
+    """The decode tasks of ``decode_on="ray"`` over the loader's life (seconds, summed over
+    tasks unless said). A task's round trip runs from its slot's grant to its answer; of
+    it, the task spent ``decode_seconds`` decoding and ``read_seconds`` reading URLs on the
+    cluster; the rest, :attr:`transfer_seconds`, is waiting for a CPU, Ray's scheduling and
+    moving the bytes both ways. ``slots`` tasks decode at once; ``elapsed_seconds`` runs
+    from the first task's start to the last answer (wall time)."""
+
+    tasks: int = 0
+    samples: int = 0
+    round_trip_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    read_seconds: float = 0.0
+    slots: int = 1
+    elapsed_seconds: float = 0.0
+
+    @property
+    def transfer_seconds(self) -> float:
+        return max(0.0, self.round_trip_seconds - self.decode_seconds - self.read_seconds)
+
+    @property
+    def busy_share(self) -> float:
+        """Share of the cluster's task slots' time spent decoding and reading (0..1): near 1,
+        the cluster's CPUs are the limit; well below, the transfer or the loader is."""
+        span = self.elapsed_seconds * self.slots
+        return min(1.0, (self.decode_seconds + self.read_seconds) / span) if span > 0 else 0.0
+
+    def __str__(self) -> str:
+        per = 1e3 / self.samples if self.samples else 0.0
+        return (
+            f"ray: {self.tasks} tasks, {self.samples} samples, {self.slots} at once busy "
+            f"{self.busy_share:.0%}; per sample {self.decode_seconds * per:.2f} ms decode, "
+            f"{self.read_seconds * per:.2f} ms reading URLs, {self.transfer_seconds * per:.2f} ms "
+            "waiting and in transfer"
+        )
 
 
 @dataclass(frozen=True)
@@ -66,8 +104,11 @@ class LoaderStats:
     recent_wait_share: float | None = None
     #: Reads in flight at most, now (``io_concurrency="auto"`` moves it while loading).
     io_concurrency: int = 0
-    #: Decode processes decoding at once, now (``num_workers="auto"`` moves it).
+    #: Decode processes decoding at once, now (``num_workers="auto"`` moves it); with
+    #: ``decode_on="ray"``, Ray tasks decoding at once.
     num_workers: int = 0
+    #: ``decode_on="ray"``: the cluster's tasks (None otherwise).
+    cluster: ClusterStats | None = None
 
 
 class Counters:
@@ -118,6 +159,8 @@ class Counters:
         self.first_batch: float | None = None
         #: Bumped by :meth:`restore`: a loader process must take the restored failures over.
         self.restores = 0
+        self.cluster: ClusterStats | None = None
+        self._cluster_since = 0.0
 
     @classmethod
     def for_loader(cls, config: LoaderConfig, remote: bool) -> Counters:
@@ -213,6 +256,7 @@ class Counters:
             num_workers=view["decode"].capacity,  # as tuned now
             io_concurrency=view["read"].bound,
             remote=self._remote,
+            cluster_busy=self.cluster.busy_share if self.cluster is not None else None,
         )
         return verdict, share
 
@@ -256,6 +300,24 @@ class Counters:
     def set_worker_restarts(self, n: int) -> None:
         with self._lock:
             self.worker_restarts = n
+
+    def cluster_task(self, slots: int, samples: int, round_trip: float, decode: float, read: float) -> None:
+        """A Ray decode task of ``samples`` answered (``decode_on="ray"``; seconds), with
+        ``slots`` tasks decoding at once."""
+        now = self.clock()
+        with self._lock:
+            if self.cluster is None:
+                self._cluster_since = now - round_trip
+            c = self.cluster or ClusterStats()
+            self.cluster = ClusterStats(
+                c.tasks + 1,
+                c.samples + samples,
+                c.round_trip_seconds + round_trip,
+                c.decode_seconds + decode,
+                c.read_seconds + read,
+                slots,
+                now - self._cluster_since,
+            )
 
     def retried(self) -> None:
         with self._lock:
@@ -325,4 +387,5 @@ class Counters:
                 recent_wait_share=found[1] if found is not None else None,
                 io_concurrency=stages["read"].bound,
                 num_workers=stages["decode"].capacity,
+                cluster=self.cluster,
             )

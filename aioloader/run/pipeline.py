@@ -14,6 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from aioloader.cluster.session import RaySession
 from aioloader.config import LoaderConfig, usable_cpus
 from aioloader.dataset import FileDataset
 from aioloader.decode.pool import DecodePool
@@ -80,12 +81,16 @@ class Pipeline:
     pool: DecodePool | None
     slabs: SlabPool | None
     collate_pool: ThreadPoolExecutor
+    cluster: RaySession | None = None
 
     def close(self, grace: float) -> None:
-        """Stop the workers (``grace`` seconds for a decode in progress), the reader's and
-        the collate thread, and close the slabs. Run it once the engine's tasks are done."""
+        """Stop the workers (``grace`` seconds for a decode in progress) or cancel the Ray
+        tasks, stop the reader's and the collate thread, and close the slabs. Run it once
+        the engine's tasks are done."""
         if self.pool is not None:
             self.pool.close(grace)
+        if self.cluster is not None:
+            self.cluster.close()
         self.reader.close()
         self.collate_pool.shutdown(wait=True, cancel_futures=True)
         if self.slabs is not None:
@@ -97,7 +102,14 @@ def build(
 ) -> Pipeline:
     """The parts for ``config`` (``io_concurrency`` lowered if the open-file limit needs
     it; with ``"auto"``, its range bounded by that limit); the decode pool's workers start
-    lazily, on the first batch. ``trainer_pid``: in a loader process, the trainer's."""
+    lazily, on the first batch. ``trainer_pid``: in a loader process, the trainer's.
+    With ``decode_on="ray"`` it connects first: nothing is made if that fails."""
+    cluster = None
+    if config.decode_on == "ray":
+        cluster = RaySession(config.sent["decode"], config.cluster_tasks)
+        cluster.start()
+        counters.meters["decode"].capacity = cluster.tasks
+        counters.meters["decode"].bound = cluster.bound
     kind = choose_kind() if config.decode is not None else None
     # memfd slabs hold a descriptor each: they share the open-file limit with the reads.
     fds = (config.batch_size, config.prefetch, FDS_PER_SLAB) if kind == MEMFD else (0, 0, 0)
@@ -118,7 +130,10 @@ def build(
         config = dataclasses.replace(config, io_concurrency=io)
         counters.set_io_concurrency(io)
     pool = slabs = None
-    if config.decode is not None:
+    if config.decode is not None and cluster is not None:
+        if kind is not None:
+            slabs = SlabPool(config.batch_size, 1, declared_layout(config.decode), kind)
+    elif config.decode is not None:
         pool = DecodePool(
             config.sent["decode"], config.num_workers, config.max_worker_restarts, f"decode={config.decode!r}"
         )
@@ -147,7 +162,9 @@ def build(
         workers=workers,
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
-    engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid)
+    engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid, cluster)
+    if slabs is not None and cluster is not None:
+        slabs.set_pooled(pooled_slabs(engine.window * config.batch_size, config.batch_size, config.prefetch))
     if workers is not None:  # last: nothing after it can fail and leave them running
         workers.start()
-    return Pipeline(config, engine, reader, pool, slabs, collate_pool)
+    return Pipeline(config, engine, reader, pool, slabs, collate_pool, cluster)

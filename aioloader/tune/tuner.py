@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from aioloader.cluster.stage import RayDecodeStage
 from aioloader.config import LoaderConfig, usable_cpus
 from aioloader.decode.stage import DecodeStage
 from aioloader.observe.stages import StageMeter, StageStats
@@ -74,7 +75,7 @@ class Tuner:
         self,
         config: LoaderConfig,
         reader: FileReader,
-        decoder: DecodeStage | None,
+        decoder: DecodeStage | RayDecodeStage | None,
         meters: dict[str, StageMeter],
         *,
         chunk: int,

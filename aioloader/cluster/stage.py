@@ -1,0 +1,227 @@
+"""The decode stage of ``decode_on="ray"``: one chunk of a batch in, one outcome per sample
+out, as :class:`~aioloader.decode.stage.DecodeStage` is for local workers.
+
+:meth:`RayDecodeStage.run` waits for a task slot (granted in epoch order, at most
+``2xtasks`` in flight: memory bounded on both sides), sends the chunk
+(:meth:`~aioloader.cluster.session.RaySession.submit`: local files as their bytes, URLs as
+URLs), awaits its answer without blocking the loop, and writes each decoded sample into
+the batch's slab: its row when it has the slab's layout, else the chunk's share of the
+output area (the one copy from Ray's object store, where the answer's arrays are mapped
+without a copy). A task that fails without an answer is dealt with as
+:mod:`aioloader.cluster.faults` says.
+
+Stats: the decode meter counts each task from its slot's grant to its answer (so its
+latency is the round trip, per sample); :class:`~aioloader.observe.stats.Counters` also
+learns how much of that round trip the task spent decoding and reading URLs, and so how
+much was Ray's: scheduling and moving the bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aioloader.cluster.faults import Kind, Recovery, kind_of
+from aioloader.cluster.session import RaySession
+from aioloader.cluster.task import Answer, Fatal, Reading, TimedOut
+from aioloader.decode.protocol import Failed, Pickled, RowResult
+from aioloader.decode.slabs import Slab
+from aioloader.decode.slots import OrderedSlots
+from aioloader.decode.worker import RowWriter
+from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
+from aioloader.observe.stages import StageMeter
+from aioloader.observe.stats import Counters
+from aioloader.read.outcomes import checked
+
+__all__ = ["STUCK_GRACE", "RayDecodeStage"]
+
+#: Seconds a task may run past ``sample_timeoutxits samples`` before the loader cancels
+#: it with ``force=True`` (its worker is killed): Ray's own start of a worker takes a while.
+STUCK_GRACE = 5.0
+
+#: A row's outcome, or what to send again: one per sample of the chunk.
+Outcome = RowResult | SampleError
+
+
+class RayDecodeStage:
+    """Decodes chunks as Ray tasks of ``session``; ``path_of(index)`` names a sample's file."""
+
+    def __init__(
+        self,
+        session: RaySession,
+        *,
+        seed: int,
+        sample_timeout: float | None,
+        read_retries: int,
+        storage_options: Any,
+        io_concurrency: int,
+        path_of: Callable[[int], str],
+        counters: Counters,
+    ) -> None:
+        self._session = session
+        self._seed = seed
+        self._timeout = sample_timeout
+        self._reading = Reading(storage_options, read_retries)
+        self._io = io_concurrency
+        self._path_of = path_of
+        self._counters = counters
+        self._meter: StageMeter = counters.meters["decode"]
+        self._slots: OrderedSlots | None = None
+        self.active = session.tasks
+        self._meter.capacity, self._meter.bound = session.tasks, session.bound
+
+    def set_workers(self, active: int) -> None:
+        """The cluster's tasks are not tuned (``num_workers="auto"`` is refused)."""
+
+    async def run(
+        self,
+        epoch: int,
+        k: int,
+        slab: Slab | None,
+        items: list[tuple[int, int, Any]],
+        out: tuple[int, int] | None = None,
+    ) -> list[Outcome]:
+        """Decode ``items`` (``(row, dataset index, bytes or URL)``) of batch ``k`` on the
+        cluster. Raises only for the whole loader (:class:`LoaderError`) or on cancellation."""
+        if self._slots is None:
+            self._slots = OrderedSlots(self._session.bound)
+        writer = None
+        if slab is not None and slab.layout is not None:
+            writer = RowWriter(slab.mmap, slab.layout, out)
+        by_row = {item[0]: item for item in items}
+        outcomes: dict[int, Outcome] = {}
+        recovery = Recovery()
+
+        async def attempt(rows: list[int]) -> None:
+            chunk = [by_row[r] for r in rows]
+            answer, kind = await self._task(epoch, k, chunk)
+            if answer is not None:
+                recovery.answered()
+                self._take(chunk, answer, writer, outcomes)
+                return
+            assert kind is not None
+            nxt = recovery.failed(rows, kind)
+            if nxt.give_up:
+                raise LoaderError(
+                    f"decode_on='ray': the answers of a decode task were lost more than {recovery.lost - 1} "
+                    f"times in a row (batch {k}): the Ray cluster is losing objects or nodes"
+                )
+            for row in nxt.poison:
+                index = by_row[row][1]
+                outcomes[row] = DecodeError(
+                    "the Ray worker decoding it died, twice", path=self._path_of(index), index=index
+                )
+            for row in nxt.timed_out:
+                index = by_row[row][1]
+                outcomes[row] = LoaderTimeoutError(
+                    f"decode took longer than sample_timeout={self._timeout}s (its Ray task was cancelled)",
+                    path=self._path_of(index),
+                    index=index,
+                )
+            await _all(attempt(group) for group in nxt.again)
+
+        await attempt([item[0] for item in items])
+        return [outcomes[item[0]] for item in items]
+
+    async def _task(
+        self, epoch: int, k: int, chunk: list[tuple[int, int, Any]]
+    ) -> tuple[Answer | None, Kind | None]:
+        """Run one task: its answer, or why there is none."""
+        assert self._slots is not None
+        async with self._slots.slot((k, chunk[0][0])):
+            session = self._session
+            ref = session.submit(chunk, self._seed, epoch, self._timeout, self._reading)
+            entered = self._meter.enter()
+            started = time.perf_counter()
+            try:
+                answer = await self._answer(ref, len(chunk))
+            except asyncio.CancelledError:
+                session.cancel(ref, force=False)
+                raise
+            except Exception as exc:
+                kind = kind_of(exc)
+                if kind is Kind.FATAL:
+                    err = LoaderError(f"decode_on='ray': a decode task failed: {type(exc).__name__}: {exc}")
+                    raise err from exc
+                return None, kind
+            finally:
+                session.done(ref)
+                self._meter.leave(entered, per=len(chunk))
+            self._counters.cluster_task(
+                session.tasks,
+                len(chunk),
+                time.perf_counter() - started,
+                answer.decode_seconds,
+                answer.read_seconds,
+            )
+            if answer.retries:
+                for _ in range(answer.retries):
+                    self._counters.retried()
+            return answer, None
+
+    async def _answer(self, ref: Any, samples: int) -> Answer:
+        """``ref``'s answer; with ``sample_timeout``, the task is cancelled (``force=True``)
+        once it has run past ``sample_timeout`` per sample and :data:`STUCK_GRACE`."""
+        waiting = asyncio.wrap_future(ref.future())
+        if self._timeout is None:
+            answer: Answer = await waiting
+            return answer
+        done, _ = await asyncio.wait([waiting], timeout=self._timeout * samples + STUCK_GRACE)
+        if not done:
+            self._session.cancel(ref, force=True)
+        answer = await waiting  # TaskCancelledError once cancelled: "stuck"
+        return answer
+
+    def _take(
+        self,
+        chunk: list[tuple[int, int, Any]],
+        answer: Answer,
+        writer: RowWriter | None,
+        outcomes: dict[int, Outcome],
+    ) -> None:
+        """Each sample of an answered task: written into the slab, or its error."""
+        for (row, index, _), got in zip(chunk, answer.outcomes, strict=True):
+            path = self._path_of(index)
+            if isinstance(got, Pickled):
+                outcomes[row] = writer.put(row, got.value) if writer is not None else got
+            elif isinstance(got, Failed):
+                outcomes[row] = self._failure(got, path, index)
+            elif isinstance(got, TimedOut):
+                outcomes[row] = LoaderTimeoutError(
+                    f"decode took longer than sample_timeout={self._timeout}s", path=path, index=index
+                )
+            elif isinstance(got, Fatal):
+                raise LoaderError(f"decode_on='ray': {got.message}")
+            elif isinstance(got, OSError):
+                res = checked(got, path, index, self._io)
+                assert isinstance(res, SampleError)
+                outcomes[row] = res
+            else:
+                outcomes[row] = got
+
+    def _failure(self, res: Failed, path: str, index: int) -> DecodeError:
+        cause = res.error
+        err = DecodeError(
+            f"decode failed: {type(cause).__name__}: {cause}\n--- Ray worker traceback ---\n{res.traceback}",
+            path=path,
+            index=index,
+        )
+        err.worker_traceback = res.traceback
+        err.__cause__ = cause
+        return err
+
+
+async def _all(aws: Any) -> None:
+    """Await ``aws`` together; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    if not tasks:
+        return
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
