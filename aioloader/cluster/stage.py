@@ -19,6 +19,7 @@ much was Ray's: scheduling and moving the bytes.
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Callable
 from typing import Any
@@ -185,7 +186,10 @@ class RayDecodeStage:
         for (row, index, _), got in zip(chunk, answer.outcomes, strict=True):
             path = self._path_of(index)
             if isinstance(got, Pickled):
-                outcomes[row] = writer.put(row, got.value) if writer is not None else got
+                res = writer.put(row, got.value) if writer is not None else got
+                # Not in the slab (no room, no slab): a copy of its own, since the answer's
+                # arrays are read-only views of Ray's object store, held while they live.
+                outcomes[row] = Pickled(copy.deepcopy(res.value)) if isinstance(res, Pickled) else res
             elif isinstance(got, Failed):
                 outcomes[row] = self._failure(got, path, index)
             elif isinstance(got, TimedOut):
