@@ -199,9 +199,9 @@ class RayDecodeStage:
             elif isinstance(got, Fatal):
                 raise LoaderError(f"decode_on='ray': {got.message}")
             elif isinstance(got, OSError):
-                res = checked(got, path, index, self._io)
-                assert isinstance(res, SampleError)
-                outcomes[row] = res
+                failed = checked(got, path, index, self._io)
+                assert isinstance(failed, SampleError)
+                outcomes[row] = failed
             else:
                 outcomes[row] = got
 
