@@ -86,6 +86,29 @@ def test_bench_json_on_stdout_progress_on_stderr_and_a_trace(image_folder: Path,
     assert result["settings"]["loader_process_asked"] == "auto" and result["settings"]["runtime"] == "thread"
 
 
+def test_bench_decode_on_ray_reports_the_clusters_figures(image_folder: Path) -> None:
+    """``--decode-on ray``: a cluster found or started (and then shut down) by bench; the
+    cluster's figures in the JSON."""
+    pytest.importorskip("ray")
+    argv = ["bench", str(image_folder), "--seconds", "2", "--batch-size", "8", "--decode-on", "ray", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aioloader", *argv],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=script_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["settings"]["decode_on"] == "ray" and result["settings"]["runtime"] == "thread"
+    cluster = result["cluster"]
+    assert cluster["how"] in proc.stderr and cluster["cpus"] >= 1
+    if cluster["started_by_bench"]:  # else another process's cluster was running: bench joined it
+        assert cluster["how"].startswith("started a local Ray cluster of ")
+    assert cluster["tasks"] > 0 and cluster["samples"] >= result["samples"] > 0
+    assert 0 < cluster["busy_share"] <= 1 and cluster["decode_ms_per_sample"] > 0
+
+
 def users_decode(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``mydecode:number`` importable from the current directory, ``folder``."""
     (folder / "mydecode.py").write_text(

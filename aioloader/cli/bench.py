@@ -4,7 +4,9 @@ the stage table, the bottleneck with its advice, and the shortest train step thi
 feed without the trainer waiting. ``--compare torch`` runs ``torch.utils.data.DataLoader``
 on the same files and decode for the same time; ``--trace FILE`` writes a Chrome trace
 (:mod:`aioloader.observe.trace`); ``--json`` prints one JSON object on stdout (progress stays on
-stderr).
+stderr). ``--decode-on ray`` decodes as Ray tasks (``Loader(decode_on="ray")``): on the cluster
+``ray.init(address="auto")`` finds, else on a one-node cluster of the usable CPUs that bench
+starts (and shuts down at the end); the cluster's figures are printed beside the verdict.
 
 The folder is read as an ImageFolder (``root/<class>/...``), else as a flat folder of
 files; a URL prefix (``s3://bucket/train/``) as an ImageFolder in object storage.
@@ -48,6 +50,7 @@ class BenchResult:
     compare: dict[str, Any] | None = None
     trace: str | None = None
     tune: dict[str, Any] | None = None
+    cluster: dict[str, Any] | None = None
 
 
 def add_parser(sub: Any) -> None:
@@ -81,6 +84,13 @@ def add_parser(sub: Any) -> None:
         help="where the pipeline runs: a loader process where one can be made (auto, the default; "
         "with --trace, this process, where the trace is recorded), insist on one (true), or this "
         "process (false)",
+    )
+    p.add_argument(
+        "--decode-on",
+        choices=["local", "ray"],
+        default="local",
+        help="where the decode runs: local worker processes, or Ray tasks on the cluster "
+        "ray.init(address='auto') finds, else on a local one bench starts (default: %(default)s)",
     )
     p.add_argument("--seconds", type=float, default=15.0, help="how long to load (default: %(default)s)")
     p.add_argument(
@@ -146,7 +156,73 @@ def _dataset(source: str, options: dict[str, Any] | None) -> Any:
 
 
 def run_bench(args: argparse.Namespace) -> BenchResult:
-    """Run the benchmark ``args`` describe (see :func:`add_parser`)."""
+    """Run the benchmark ``args`` describe (see :func:`add_parser`); with ``--decode-on ray``,
+    on the cluster :func:`ray_cluster` connects to (shut down after, if bench started it)."""
+    if getattr(args, "decode_on", "local") != "ray":
+        return _run(args, None)
+    if args.tune:
+        raise ValueError("--tune sweeps the local decode workers: it cannot go with --decode-on ray")
+    ray, cluster = ray_cluster()
+    print(f"aioloader bench: {cluster['how']}", file=sys.stderr, flush=True)
+    try:
+        return _run(args, cluster)
+    finally:
+        if cluster["started_by_bench"]:
+            ray.shutdown()
+
+
+def ray_cluster() -> tuple[Any, dict[str, Any]]:
+    """``ray``, connected: to the cluster ``ray.init(address="auto")`` finds, else to a local
+    one of the usable CPUs started here; and a dict saying which (``how``, ``address``,
+    ``cpus``, ``started_by_bench``)."""
+    from aioloader.cluster.connect import ray_module
+    from aioloader.config import usable_cpus
+
+    ray = ray_module()
+    started = False
+    if not ray.is_initialized():
+        try:
+            ray.init(address="auto", log_to_driver=False)
+        except ConnectionError:  # no cluster running: start one on this machine
+            ray.init(num_cpus=usable_cpus(), include_dashboard=False, log_to_driver=False)
+            started = True
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    try:
+        address = str(ray.get_runtime_context().gcs_address)
+    except Exception:  # noqa: BLE001 - only for the report
+        address = "?"
+    how = (
+        f"started a local Ray cluster of {cpus} CPUs (shut down at the end)"
+        if started
+        else f"connected to the Ray cluster at {address} ({cpus} CPUs)"
+    )
+    return ray, {"how": how, "address": address, "cpus": cpus, "started_by_bench": started}
+
+
+def _cluster_dict(cluster: Any, ray: dict[str, Any]) -> dict[str, Any]:
+    """``stats.cluster`` (a :class:`~aioloader.observe.stats.ClusterStats`) for the report."""
+    per = 1e3 / cluster.samples if cluster is not None and cluster.samples else 0.0
+    out: dict[str, Any] = dict(ray)
+    if cluster is None:
+        return out
+    out.update(
+        tasks=cluster.tasks,
+        samples=cluster.samples,
+        slots=cluster.slots,
+        busy_share=round(cluster.busy_share, 4),
+        round_trip_seconds=round(cluster.round_trip_seconds, 3),
+        decode_seconds=round(cluster.decode_seconds, 3),
+        read_seconds=round(cluster.read_seconds, 3),
+        transfer_seconds=round(cluster.transfer_seconds, 3),
+        elapsed_seconds=round(cluster.elapsed_seconds, 3),
+        decode_ms_per_sample=round(cluster.decode_seconds * per, 3),
+        read_ms_per_sample=round(cluster.read_seconds * per, 3),
+        transfer_ms_per_sample=round(cluster.transfer_seconds * per, 3),
+    )
+    return out
+
+
+def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResult:
     from aioloader.loader import Loader
     from aioloader.observe.bottleneck import diagnose
     from aioloader.observe.trace import Tracer
@@ -169,6 +245,7 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
         io_concurrency=args.io_concurrency,
         storage_options=options,
         loader_process=where,
+        decode_on="local" if cluster is None else "ray",
     )
     config = loader.config
     tracer = Tracer() if args.trace else None
@@ -206,8 +283,10 @@ def run_bench(args: argparse.Namespace) -> BenchResult:
             # Where the pipeline ran ("process" or "thread"), and what was asked for.
             "runtime": loader.runtime,
             "loader_process_asked": args.loader_process,
+            "decode_on": "local" if cluster is None else "ray",
             "seconds": args.seconds,
         },
+        cluster=None if cluster is None else _cluster_dict(stats.cluster, cluster),
     )
     if tracer is not None:
         tracer.write(args.trace)
@@ -249,7 +328,8 @@ def format_report(r: BenchResult) -> str:
     s = r.settings
     lines = [
         f"aioloader bench {r.source}: {r.files} files, {r.seconds:.1f} s after the first batch "
-        f"({r.first_batch_s} s), batch {s['batch_size']}, {s['num_workers']} workers, "
+        f"({r.first_batch_s} s), batch {s['batch_size']}, {s['num_workers']} "
+        f"{'Ray tasks at once' if s.get('decode_on') == 'ray' else 'workers'}, "
         f"io_concurrency {s['io_concurrency']}, decode {s['decode']}",
         f"  {r.samples_per_s:.0f} samples/s, {r.mb_per_s:.1f} MB/s",
         "",
@@ -265,6 +345,16 @@ def format_report(r: BenchResult) -> str:
         f"  bottleneck: {r.bottleneck['stage']}: {r.bottleneck['advice']}",
         f"  this rate feeds a train step of {r.min_step_ms:.1f} ms per batch or longer without waiting",
     ]
+    if r.cluster is not None:
+        c = r.cluster
+        lines.append(f"  decode on ray: {c['how']}")
+        if "tasks" in c:
+            lines.append(
+                f"    {c['tasks']} tasks, {c['samples']} samples, {c['slots']} at once, "
+                f"busy {c['busy_share']:.0%}; per sample {c['decode_ms_per_sample']:.2f} ms decode, "
+                f"{c['read_ms_per_sample']:.2f} ms reading URLs, "
+                f"{c['transfer_ms_per_sample']:.2f} ms waiting and in transfer"
+            )
     if r.compare is not None:
         lines.append(
             f"  {r.compare['loader']}: {r.compare['samples_per_s']:.0f} samples/s; "
@@ -284,7 +374,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         result = run_bench(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ImportError) as exc:  # ImportError: --decode-on ray without Ray
         print(f"aioloader bench: {exc}", file=sys.stderr)
         return 2
     except LoaderError as exc:  # a file that cannot be read or decoded, named with its cause
