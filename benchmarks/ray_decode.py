@@ -16,8 +16,8 @@ included), ``--rounds`` interleaved rounds, medians:
   ``iter_torch_batches(batch_size=64)``, on the same cluster;
 - ``DataLoader`` (``--torch``, default on): ``num_workers=--cpus`` reading and decoding the
   same files, ``persistent_workers=True``;
-- ``decode_on="ray", chunk K`` (``--chunks``, default 8,32): the Ray path with K samples per
-  task instead of the engine's choice (``engine.epoch.chunk_size`` replaced for that run
+- ``decode_on="ray", chunk K`` (``--chunks``, default 8,64): the Ray path with K samples per
+  task instead of the engine's choice (``engine.epoch.cluster_chunk`` replaced for that run
   only), so the trainer's CPU can be split into a cost per task and one per sample: the
   engine picks 16 on this 2-CPU cluster but 8 on any cluster of 4 tasks or more at batch 64.
 
@@ -37,7 +37,7 @@ crossing the trainer's NIC (the file out, the decoded sample in), and the cluste
 sample, for N nodes of C cores.
 
     python benchmarks/ray_decode.py [--images 2000] [--rounds 3] [--batch-size 64] [--cpus N]
-                                    [--epochs 2] [--torch on|off] [--chunks 8,32] [--nodes-cores 16]
+                                    [--epochs 2] [--torch on|off] [--chunks 8,64] [--nodes-cores 16]
 """
 
 from __future__ import annotations
@@ -210,13 +210,13 @@ def torch_epochs(dl: Any, e: int) -> Iterator[Any]:
 @contextmanager
 def chunk_of(k: int | None) -> Iterator[None]:
     """The engine's samples per decode task forced to ``k`` (None: its own choice)."""
-    own = engine_epoch.chunk_size
+    own = engine_epoch.cluster_chunk
     if k is not None:
-        engine_epoch.chunk_size = lambda batch_size, num_workers: k  # type: ignore[assignment]
+        engine_epoch.cluster_chunk = lambda batch_size, tasks: k  # type: ignore[assignment]
     try:
         yield
     finally:
-        engine_epoch.chunk_size = own  # type: ignore[assignment]
+        engine_epoch.cluster_chunk = own  # type: ignore[assignment]
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -278,9 +278,8 @@ def fit_trainer_cost(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def engine_chunk(batch_size: int, tasks: int) -> int:
-    """The samples per task the engine picks for ``decode_on="ray"`` with ``tasks`` slots
-    (as ``Engine.__init__``: a chunk of 8 at least)."""
-    return engine_epoch.chunk_size(batch_size, min(tasks, max(1, batch_size // 16)))
+    """The samples per task the engine picks for ``decode_on="ray"`` with ``tasks`` slots."""
+    return engine_epoch.cluster_chunk(batch_size, tasks)
 
 
 def print_scaling(
@@ -341,7 +340,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cpus", type=int, default=usable_cpus(), help="the Ray cluster's CPUs (%(default)s)")
     p.add_argument("--torch", choices=["on", "off"], default="on", help="also DataLoader (%(default)s)")
     p.add_argument(
-        "--chunks", default="8,32", help="extra Ray runs with K samples per task, comma-separated ('' none)"
+        "--chunks", default="8,64", help="extra Ray runs with K samples per task, comma-separated ('' none)"
     )
     p.add_argument("--nodes-cores", type=int, default=16, help="cores per node in the estimate (%(default)s)")
     p.add_argument(

@@ -38,7 +38,7 @@ from aioloader.read.reader import FileReader
 from aioloader.read.urls import is_remote
 from aioloader.tune.tuner import Tuner, memory_budget, trainer_pids
 
-__all__ = ["Engine", "chunk_size", "declared_layout", "pooled_slabs", "window_size"]
+__all__ = ["Engine", "chunk_size", "cluster_chunk", "declared_layout", "pooled_slabs", "window_size"]
 
 T = TypeVar("T")
 
@@ -120,9 +120,10 @@ class Engine:
         # a batch still spreads over every worker (two chunks each). Without decoding, a
         # batch is one chunk: its reads are all there is to it.
         workers = config.num_workers if pool is not None else 0
-        if cluster is not None:  # a Ray task costs more than a local one: a chunk of 8 at least
-            workers = min(cluster.tasks, max(1, config.batch_size // 16))
-        self.chunk = chunk_size(config.batch_size, workers)
+        if cluster is not None:
+            self.chunk = cluster_chunk(config.batch_size, cluster.tasks)
+        else:
+            self.chunk = chunk_size(config.batch_size, workers)
         #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
         self.tuner = (
             Tuner(
@@ -348,6 +349,15 @@ def chunk_size(batch_size: int, num_workers: int) -> int:
     if num_workers <= 0:
         return batch_size
     return max(1, min(32, math.ceil(batch_size / (2 * num_workers))))
+
+
+def cluster_chunk(batch_size: int, tasks: int) -> int:
+    """Samples per Ray task (``decode_on="ray"``): about two tasks per slot of a batch, but at
+    least 32 (or the batch) and at most 128. A Ray task costs the trainer's process about
+    3 ms to submit and unpack whatever its size (benchmarks/RESULTS.md section 22), so a
+    chunk of 32 keeps that near 0.1 ms per sample; a large cluster gets enough tasks in
+    flight from a wider window of batches (:attr:`Engine.window`), not smaller chunks."""
+    return min(batch_size, max(32, min(128, math.ceil(batch_size / (2 * max(1, tasks))))))
 
 
 class _SizeTracker:
