@@ -33,7 +33,19 @@ MODULES = sorted(p.relative_to(PKG) for p in PKG.rglob("*.py"))
 
 
 def test_wings_and_at_most_12_modules_at_the_top() -> None:
-    assert WINGS == ["base", "cli", "cluster", "decode", "engine", "observe", "plan", "read", "run", "safety", "tune"]
+    assert WINGS == [
+        "base",
+        "cli",
+        "cluster",
+        "decode",
+        "engine",
+        "observe",
+        "plan",
+        "read",
+        "run",
+        "safety",
+        "tune",
+    ]
     top = sorted(p.name for p in PKG.glob("*.py"))
     assert len(top) <= 12, top
 
