@@ -47,6 +47,16 @@ def wait_cpus_free(seconds: float = 10.0) -> float:
         time.sleep(0.1)
 
 
+def wait_cpus_busy(n: float, seconds: float = 10.0) -> float:
+    """The cluster's CPUs in use, once ``n`` are (or after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        busy = ray.cluster_resources().get("CPU", 0.0) - ray.available_resources().get("CPU", 0.0)
+        if busy >= n or time.monotonic() > deadline:
+            return float(busy)
+        time.sleep(0.05)
+
+
 @pytest.fixture(autouse=True)
 def cluster_cpus_free() -> Iterator[None]:
     """After each test (its loaders closed), no task of its loaders still holds a cluster

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,19 @@ import pytest
 import torch
 from faults import Fault
 from frontends import Driver
-from helpers import FailOn, SlowDecode, decode_number, flatten, random_draw
+from helpers import (
+    FailOn,
+    SlowDecode,
+    decode_number,
+    flatten,
+    is_ray_fd,
+    is_ray_thread,
+    named,
+    process_name,
+    process_tree,
+    random_draw,
+    ray_processes,
+)
 
 from aioloader import DecodeError, FileDataset, ImageDecoder, Loader, LoaderError, ReadError
 
@@ -37,6 +50,7 @@ from raykit import (  # noqa: E402 - after the skip: it imports ray
     local_loader,
     ray_instance,  # noqa: F401 - autouse fixture
     ray_loader,
+    wait_cpus_busy,
     wait_cpus_free,
 )
 
@@ -318,16 +332,27 @@ S3_SECRET = "testing-secret-do-not-show"
 def test_close_cancels_the_tasks_in_flight_and_leaves_ray_connected(
     frontend: Driver, numbered: list[str]
 ) -> None:
-    """Samples past the first batch take a minute to decode: after the first batch, tasks
-    for the next ones hold both CPUs; close() must cancel them (the CPUs come free within
-    seconds, not a minute), and the Ray connection, the user's, stays open for the next
-    loader."""
-    loader = ray_loader(
-        numbered, batch_size=4, decode=Fault("hang", set(range(4, 37)), seconds=60), shuffle=False
-    )
+    """Samples past the first batch take a minute to decode, in one blocking call (which
+    Ray's plain cancel cannot interrupt): after the first batch, tasks for the next ones
+    hold both CPUs; close() must end them (the CPUs come free within seconds, not a
+    minute), and the Ray connection, the user's, stays open for the next loader. Then the
+    same with the epoch left by ``break`` before close."""
+    hang = Fault("hang", set(range(4, 37)), seconds=60)
+    # One task decoding at once, two in flight: the next batch's two tasks are sent only
+    # once the first batch's are answered (Ray need not start queued tasks in the order they
+    # were sent: with more in flight, hanging ones could hold both CPUs before the first
+    # batch's), and then run on both CPUs.
+    kw: dict[str, Any] = {"batch_size": 4, "decode": hang, "shuffle": False, "num_workers": 1}
+    loader = ray_loader(numbered, **kw)
+    with frontend.opened(loader):
+        it = frontend.iter(loader)
+        assert flatten([frontend.next(it)]) == [0, 1, 2, 3]
+        assert wait_cpus_busy(2) == 2  # the next batches' tasks run (and hang)
+    assert ray.is_initialized()
+    assert wait_cpus_free() == 0
+    loader = ray_loader(numbered, **kw)
     with frontend.opened(loader):
         assert flatten(frontend.take(loader, 1)) == [0, 1, 2, 3]
-        assert wait_cpus_free(seconds=0.5) > 0  # the next batches' tasks run (and hang)
     assert ray.is_initialized()
     assert wait_cpus_free() == 0
     with frontend.opened(ray_loader(numbered, batch_size=8, decode=decode_number, shuffle=False)) as again:
@@ -372,3 +397,37 @@ def test_a_slow_decode_is_named_the_bottleneck_with_the_clusters_advice(
     assert "Ray tasks in flight" in s.bottleneck.advice and "num_workers" in s.bottleneck.advice
     if s.cluster.busy_share >= 0.7:
         assert "add CPUs to the Ray cluster" in s.bottleneck.advice
+
+
+# -- the leak check, while Ray is connected -----------------------------------------------------
+
+
+def test_the_leak_check_leaves_out_rays_own_and_nothing_of_aioloaders(
+    numbered: list[str], tmp_path: Path
+) -> None:
+    """conftest.py's ``no_leaks`` leaves out Ray's threads, processes and descriptors while
+    Ray is connected (helpers.ray_processes, is_ray_thread, is_ray_fd), and only those: an
+    ``aioloader-*`` thread, a regular file and a local loader's decode workers still count."""
+    import conftest
+
+    ours = [t for t in threading.enumerate() if is_ray_thread(t)]
+    assert ours, "Ray's own Python threads (its GC and error-listening threads)"
+    assert not any(f"{t.name}#{t.ident}" in conftest._threads() for t in ours)
+    rays = ray_processes(process_tree())
+    assert {"gcs_server", "raylet"} <= {process_name(p) for p in rays}
+    assert not any(is_ray_fd(link.split("->", 1)[1]) for link in conftest._fds())
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="aioloader-leakcheck")
+    thread.start()
+    try:
+        with open(tmp_path / "held", "w"):
+            assert f"aioloader-leakcheck#{thread.ident}" in conftest._threads()
+            assert any(link.endswith(f"{os.sep}held") for link in conftest._fds())
+        with local_loader(numbered, batch_size=8, decode=decode_number) as loader:
+            next(iter(loader))
+            workers = named("aioloader-worke")  # comm keeps 15 bytes
+            assert workers and not workers & ray_processes(process_tree())
+    finally:
+        stop.set()
+        thread.join()

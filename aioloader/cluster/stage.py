@@ -138,7 +138,7 @@ class RayDecodeStage:
             try:
                 answer = await self._answer(ref, len(chunk))
             except asyncio.CancelledError:
-                session.cancel(ref, force=False)
+                session.abandon(ref)  # left to end; close() kills it if it runs on
                 raise
             except Exception as exc:
                 kind = kind_of(exc)
