@@ -113,11 +113,12 @@ class _Snapshot:
 @pytest.fixture(autouse=True)
 def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves behind, in this process, a thread, a file descriptor or a
-    mapping of a slab; a descendant process (not counting the process-wide helpers, nor Ray's own while this
-    process is connected to Ray: see helpers.ray_processes); a slab
+    mapping of a slab; a descendant process (not counting the process-wide helpers); a slab
     descriptor or mapping in any process of the tree (the zygote, a fork server, a worker,
     a loader process); or an aioloader segment or semaphore in /dev/shm made by this
-    process, a descendant, or a process gone since (a loader process that exited)."""
+    process, a descendant, or a process gone since (a loader process that exited). While
+    this process is connected to Ray, Ray's own processes, threads and descriptors are
+    not counted (helpers.ray_processes, is_ray_thread, is_ray_fd)."""
     before = _Snapshot.take()
     yield
     if request.node.get_closest_marker("allow_leaks"):

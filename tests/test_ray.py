@@ -291,7 +291,8 @@ def test_http_urls_are_read_by_the_tasks(frontend: Driver, http_files: str, numb
         assert flatten(frontend.epoch(loader)) == list(range(37))
         stats = loader.stats
     assert stats.cluster is not None and stats.cluster.read_seconds > 0
-    assert stats.bytes_read == 0 or stats.bytes_read == sum(len(Path(p).read_bytes()) for p in numbered)
+    # Read on the cluster, counted here all the same.
+    assert stats.bytes_read == sum(len(Path(p).read_bytes()) for p in numbered)
     loader = ray_loader([*urls[:5], missing, *urls[5:9]], batch_size=4, decode=decode_number, shuffle=False)
     with frontend.opened(loader), pytest.raises(ReadError) as info:
         frontend.epoch(loader)

@@ -156,6 +156,8 @@ class RayDecodeStage:
                 answer.decode_seconds,
                 answer.read_seconds,
             )
+            if answer.bytes_read:  # URLs the task read (local files are counted as read here)
+                self._counters.add_bytes(answer.bytes_read)
             if answer.retries:
                 for _ in range(answer.retries):
                     self._counters.retried()
