@@ -1,9 +1,10 @@
 """``decode_on="ray"`` where it cannot run: settings that cannot go with it, Ray missing, and
 no cluster to connect to. This module starts no Ray instance: ``ray.init(address="auto")``
 connects to any GCS process it finds on this machine (it scans the process table), so the
-no-cluster case must run while none is up (test_ray.py's instance is shut down at the end
-of its module). The scripts run as subprocesses, where nothing of this process's Ray
-state (imported or not, connected or not) can help or hide the error."""
+no-cluster case runs in a PID namespace of its own where it may, else while none is up
+(test_ray.py's instance is shut down at the end of its module). The scripts run as
+subprocesses, where nothing of this process's Ray state (imported or not, connected or
+not) can help or hide the error."""
 
 from __future__ import annotations
 
@@ -40,11 +41,18 @@ def test_what_cannot_go_with_ray_is_a_value_error_showing_the_value(
         Loader(numbered, **args)
 
 
-def run_script(tmp_path: Path, text: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_script(
+    tmp_path: Path, text: str, env: dict[str, str], prefix: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(text))
     return subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=90, cwd=tmp_path
+        [*(prefix or []), sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
     )
 
 
@@ -110,20 +118,33 @@ def gcs_servers() -> list[int]:
     return out
 
 
+def own_pid_namespace() -> list[str]:
+    """The command prefix that runs a script in a PID namespace of its own with its own
+    /proc (``unshare --pid --fork --mount-proc``: root), where no other Ray instance on the
+    machine is seen; ``[]`` where that is not permitted."""
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+    try:
+        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return prefix if ok else []
+
+
 @pytest.mark.slow
 def test_without_a_cluster_start_is_one_loader_error_saying_how_to_connect(
     tmp_path: Path, numbered: list[str]
 ) -> None:
     """No ray.init, no RAY_ADDRESS, no cluster file (a Ray temp folder of its own) and no GCS
-    running on the machine: start() fails at once with one LoaderError saying how to connect,
-    nothing hangs, and nothing is left connected."""
-    deadline = time.monotonic() + 10  # test_ray.py's instance, shutting down
-    while gcs_servers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if gcs_servers():
-        pytest.skip(
-            f"a Ray cluster runs on this machine (gcs_server {gcs_servers()}): address='auto' finds it"
-        )
+    process in sight (a PID namespace of its own where permitted; else none may run on the
+    machine): start() fails at once with one LoaderError saying how to connect, nothing
+    hangs, and nothing is left connected."""
+    prefix = own_pid_namespace()
+    if not prefix:  # the machine's processes are seen: wait for test_ray.py's to go
+        deadline = time.monotonic() + 10
+        while gcs_servers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if found := gcs_servers():
+            pytest.skip(f"a Ray cluster runs on this machine (gcs_server {found}): address='auto' finds it")
     env = {k: v for k, v in script_env().items() if not k.startswith("RAY_")}
     env["RAY_TMPDIR"] = str(tmp_path / "ray")
     proc = run_script(
@@ -142,6 +163,7 @@ def test_without_a_cluster_start_is_one_loader_error_saying_how_to_connect(
         print("connected:", ray.is_initialized())
         """,
         env,
+        prefix,
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
