@@ -330,6 +330,7 @@ S3_SECRET = "testing-secret-do-not-show"
 # -- 7. close ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_close_cancels_the_tasks_in_flight_and_leaves_ray_connected(
     frontend: Driver, numbered: list[str]
 ) -> None:
