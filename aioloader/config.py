@@ -386,6 +386,10 @@ def _check_decode_on(decode_on: object, decode: object, num_workers: object, loa
             "loader_process=True cannot go with decode_on='ray': the loader submits its Ray tasks "
             "from the trainer's process, which holds the Ray connection (leave loader_process='auto')"
         )
-    if importlib.util.find_spec("ray") is None:
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a module without a spec
+        found = False
+    if not found:
         raise ImportError("decode_on='ray' needs Ray: pip install 'aioloader[ray]'")
     return True

@@ -17,8 +17,12 @@ import torch
 from frontends import FRONTENDS, Driver, make_driver
 from helpers import (
     RuntimeWatch,
+    is_ray_fd,
+    is_ray_thread,
     new_shm_entries,
     process_tree,
+    ray_connected,
+    ray_processes,
     shared_helper_pids,
     shm_entries,
     slab_holdings,
@@ -59,12 +63,16 @@ def _process_wide_helpers() -> None:
 
 
 def _fds() -> set[str]:
+    """This process's descriptors, less Ray's own while it is connected (helpers.is_ray_fd)."""
+    ray = ray_connected()
     out = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
-            out.add(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+            link = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            pass  # the fd listdir itself used
+            continue  # the fd listdir itself used
+        if not (ray and is_ray_fd(link)):
+            out.add(f"{fd}->{link}")
     return out
 
 
@@ -76,7 +84,9 @@ def _mappings() -> set[str]:
 
 
 def _threads() -> set[str]:
-    return {f"{t.name}#{t.ident}" for t in threading.enumerate()}
+    """This process's threads, less Ray's own while it is connected (helpers.is_ray_thread)."""
+    ray = ray_connected()
+    return {f"{t.name}#{t.ident}" for t in threading.enumerate() if not (ray and is_ray_thread(t))}
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,9 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     mapping of a slab; a descendant process (not counting the process-wide helpers); a slab
     descriptor or mapping in any process of the tree (the zygote, a fork server, a worker,
     a loader process); or an aioloader segment or semaphore in /dev/shm made by this
-    process, a descendant, or a process gone since (a loader process that exited)."""
+    process, a descendant, or a process gone since (a loader process that exited). While
+    this process is connected to Ray, Ray's own processes, threads and descriptors are
+    not counted (helpers.ray_processes, is_ray_thread, is_ray_fd)."""
     before = _Snapshot.take()
     yield
     if request.node.get_closest_marker("allow_leaks"):
@@ -117,6 +129,8 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
         now = _Snapshot.take()
         threads = now.threads - before.threads
         procs = now.tree - shared_helper_pids() - before.tree
+        if ray_connected():  # Ray starts its workers and agents when it likes (helpers.py)
+            procs -= ray_processes(procs)
         fds = {fd for fd in now.fds - before.fds if "/dev/pts" not in fd}
         mapped = now.mappings - before.mappings
         held = now.held - before.held

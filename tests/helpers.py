@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -531,6 +532,71 @@ def shm_mapping(tensor: object, maker: int | None = None) -> str | None:
         if start <= ptr < end:
             return name
     return None
+
+
+# -- Ray's own processes, threads and descriptors (decode_on="ray") ------------------------
+# While this process is connected to Ray (test_ray*.py), Ray runs processes of its own under
+# it (gcs_server, raylet, its agents, its workers ``ray::IDLE``/``ray::decode_task``, started
+# as it likes) and keeps threads and descriptors of its own (gRPC sockets, pipes, epoll,
+# eventfd and timerfd inodes, log files in its session folder), made lazily and kept until
+# ``ray.shutdown()``. The leak check (conftest.py) leaves those out, and only those, only
+# while Ray is connected: aioloader's threads, slabs, /dev/shm entries and regular files are
+# still counted, and so is a slab held by any process of the tree, Ray's workers included.
+
+
+def ray_connected() -> bool:
+    """This process is connected to a Ray cluster (``ray.init`` ran, no ``ray.shutdown``
+    since); False where Ray was never imported."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
+
+
+def ray_processes(pids: Collection[int]) -> set[int]:
+    """Those of ``pids`` that are Ray's own, by /proc/<pid>/cmdline: a program or a script
+    inside the installed ``ray`` package (gcs_server, raylet, log_monitor.py, dashboard.py,
+    ...) or a process that names itself ``ray::...`` (its workers and agents)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return set()
+    package = os.path.dirname(os.path.realpath(ray.__file__)) + os.sep
+    out = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:  # gone meanwhile
+            continue
+        if args and (
+            args[0].startswith("ray::") or any(os.path.realpath(a).startswith(package) for a in args[:2])
+        ):
+            out.add(pid)
+    return out
+
+
+def is_ray_thread(thread: threading.Thread) -> bool:
+    """A Python thread Ray started: its class or its target lives in the ``ray`` package
+    (``PythonGCThread``, ``ray_listen_error_messages``, ...). aioloader's (``aioloader-*``)
+    never do."""
+    target = getattr(thread, "_target", None)
+    modules = (type(thread).__module__, getattr(target, "__module__", None) or "")
+    return any(m == "ray" or m.startswith("ray.") for m in modules)
+
+
+#: How Ray's own descriptors show in /proc/self/fd: its gRPC and object-store sockets, the
+#: pipes and the epoll, eventfd and timerfd inodes of its event loops.
+_RAY_FD_KINDS = ("socket:", "pipe:", "anon_inode:")
+
+
+def is_ray_fd(link: str) -> bool:
+    """Whether a descriptor of this process (``os.readlink`` of /proc/self/fd/N), taken while
+    Ray is connected, is of a kind Ray keeps (:data:`_RAY_FD_KINDS`) or a file in Ray's
+    session folder (its logs). A regular file, a memfd or /dev/shm slab is never one."""
+    if link.startswith(_RAY_FD_KINDS):
+        return True
+    ray = sys.modules.get("ray")
+    node = getattr(getattr(getattr(ray, "_private", None), "worker", None), "_global_node", None)
+    session = getattr(node, "get_session_dir_path", None)
+    return session is not None and link.startswith(session() + os.sep)
 
 
 # -- scripts run in a session of their own ----------------------------------------------------

@@ -14,8 +14,8 @@ bridge are the local loader's; only the decode of a chunk moves to the cluster::
 | module | role |
 | --- | --- |
 | ``connect.py`` | Ray imported and this process connected, or one clear error; the cluster's CPUs |
-| ``session.py`` | one loader's tasks: the remote function, the decode put once, all cancelled by close |
-| ``task.py`` | what runs on the cluster: URLs read there, the chunk decoded as a local worker would |
-| ``faults.py`` | pure: a task that failed without an answer, per sample: split, retry, poison, timeout |
-| ``stage.py`` | the decode stage the engine awaits (``decode/stage.py`` locally): answers into the slab |
+| ``session.py`` | one loader's tasks: the remote function, the decode put once, none left running by close |
+| ``task.py`` | on the cluster: URLs read there, the chunk decoded as locally, ``sample_timeout`` by SIGALRM |
+| ``faults.py`` | pure: what a task that failed without an answer becomes (split, retry, poison, timeout) |
+| ``stage.py`` | the decode stage the engine awaits (as ``decode/stage.py``): slots, answers into the slab |
 """

@@ -139,7 +139,7 @@ class RayDecodeStage:
             try:
                 answer = await self._answer(ref, len(chunk))
             except asyncio.CancelledError:
-                session.cancel(ref, force=False)
+                session.abandon(ref)  # left to end; close() kills it if it runs on
                 raise
             except Exception as exc:
                 kind = kind_of(exc)
@@ -157,6 +157,8 @@ class RayDecodeStage:
                 answer.decode_seconds,
                 answer.read_seconds,
             )
+            if answer.bytes_read:  # URLs the task read (local files are counted as read here)
+                self._counters.add_bytes(answer.bytes_read)
             if answer.retries:
                 for _ in range(answer.retries):
                     self._counters.retried()

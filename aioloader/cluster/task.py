@@ -76,13 +76,15 @@ class Reading:
 class Answer:
     """A task's answer: one outcome per sample, in the chunk's order; the seconds the task
     spent reading URLs and decoding (the rest of the round trip is Ray's: scheduling and
-    moving the bytes); the read retries it made; and the node it ran on."""
+    moving the bytes); the read retries it made; the node it ran on; and the bytes of the
+    URLs it read (the loader's ``stats.bytes_read``)."""
 
     outcomes: list[Outcome]
     read_seconds: float
     decode_seconds: float
     retries: int
     node: str
+    bytes_read: int = 0
 
 
 class _Expired(BaseException):
@@ -116,12 +118,13 @@ def decode_task(
             else:
                 outcomes[i] = res
     t1 = time.perf_counter()
+    nbytes = sum(len(b) for b in got.values())
     for i, (row, index, src) in enumerate(items):
         if outcomes[i] is not None:
             continue
         data = got.pop(i) if isinstance(src, str) else src
         outcomes[i] = _decode_one(decode, Chunk(None, None, [(row, index, data)], seed, epoch), timeout)
-    return Answer(outcomes, t1 - t0, time.perf_counter() - t1, retries, _node())
+    return Answer(outcomes, t1 - t0, time.perf_counter() - t1, retries, _node(), nbytes)
 
 
 def _decode_one(decode: Callable[[bytes], Any], chunk: Chunk, timeout: float | None) -> RowResult | TimedOut:
