@@ -740,3 +740,28 @@ class RuntimeWatch:
         if self.process and self.warnings:
             out.append(f"[process] logged: {self.warnings}")
         return out
+
+
+def make_config(**kw: object) -> Any:
+    """A validated ``LoaderConfig`` with small settings, ``kw`` overriding them (pure tests:
+    no loader is started)."""
+    from aioloader.config import LoaderConfig
+
+    args: dict[str, object] = {
+        "batch_size": 4,
+        "decode": None,
+        "collate": None,
+        "shuffle": True,
+        "seed": 3,
+        "drop_last": False,
+        "num_workers": 1,
+        "io_concurrency": 4,
+        "prefetch": 2,
+        "ordered": True,
+        "device": None,
+        "pin_memory": None,
+        "on_error": "raise",
+        "max_failures": None,
+    }
+    args.update(kw)
+    return LoaderConfig.create(**args)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import make_config
 
 from aioloader.base import sendable
 from aioloader.cluster.faults import MAX_LOST, Kind, Recovery, kind_of
@@ -126,24 +127,8 @@ def test_the_verdict_on_the_ray_path_says_cpus_or_transfer(busy: float, says: st
 
 
 def _config(**kw: object) -> LoaderConfig:
-    args: dict[str, object] = dict(
-        batch_size=4,
-        decode=len,
-        collate=None,
-        shuffle=False,
-        seed=0,
-        drop_last=False,
-        num_workers=None,
-        io_concurrency=8,
-        prefetch=2,
-        ordered=True,
-        device=None,
-        pin_memory=None,
-        on_error="raise",
-        max_failures=None,
-    )
-    args.update(kw)
-    return LoaderConfig.create(**args)  # type: ignore[arg-type]
+    config: LoaderConfig = make_config(**{"decode": len, "shuffle": False, "num_workers": None, **kw})
+    return config
 
 
 @pytest.mark.parametrize(

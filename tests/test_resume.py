@@ -8,6 +8,7 @@ import json
 from collections import Counter
 
 import pytest
+from helpers import make_config
 
 from aioloader.config import LoaderConfig, resolve_rank
 from aioloader.plan.resume import Progress, ResumePoint, check_state, make_state, plan_for
@@ -15,24 +16,8 @@ from aioloader.plan.sampler import plan_epoch, plan_remainder
 
 
 def config(**kw: object) -> LoaderConfig:
-    args: dict[str, object] = {
-        "batch_size": 4,
-        "decode": None,
-        "collate": None,
-        "shuffle": True,
-        "seed": 3,
-        "drop_last": False,
-        "num_workers": 1,
-        "io_concurrency": 4,
-        "prefetch": 2,
-        "ordered": True,
-        "device": None,
-        "pin_memory": None,
-        "on_error": "raise",
-        "max_failures": None,
-    }
-    args.update(kw)
-    return LoaderConfig.create(**args)
+    config: LoaderConfig = make_config(**kw)
+    return config
 
 
 def test_progress_tracks_the_received_prefix_and_out_of_order_batches() -> None:
