@@ -17,7 +17,7 @@ included), ``--rounds`` interleaved rounds, medians:
 - ``DataLoader`` (``--torch``, default on): ``num_workers=--cpus`` reading and decoding the
   same files, ``persistent_workers=True``;
 - ``decode_on="ray", chunk K`` (``--chunks``, default 8,64): the Ray path with K samples per
-  task instead of the engine's choice (``engine.epoch.cluster_chunk`` replaced for that run
+  task instead of the engine's choice (``engine.epoch.cluster_chunk`` (from ``cluster.stage``) replaced for that run
   only), so the trainer's CPU can be split into a cost per task and one per sample: the
   engine picks 16 on this 2-CPU cluster but 8 on any cluster of 4 tasks or more at batch 64.
 

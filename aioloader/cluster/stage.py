@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ from aioloader.observe.stages import StageMeter
 from aioloader.observe.stats import Counters
 from aioloader.read.outcomes import checked
 
-__all__ = ["STUCK_GRACE", "RayDecodeStage"]
+__all__ = ["STUCK_GRACE", "RayDecodeStage", "cluster_chunk"]
 
 #: Seconds a task may run past ``sample_timeoutxits samples`` before the loader cancels
 #: it with ``force=True`` (its worker is killed): Ray's own start of a worker takes a while.
@@ -44,6 +45,15 @@ STUCK_GRACE = 5.0
 
 #: A row's outcome, or what to send again: one per sample of the chunk.
 Outcome = RowResult | SampleError
+
+
+def cluster_chunk(batch_size: int, tasks: int) -> int:
+    """Samples per Ray task (``decode_on="ray"``): about two tasks per slot of a batch, but at
+    least 32 (or the batch) and at most 128. A Ray task costs the trainer's process about
+    3 ms to submit and unpack whatever its size (benchmarks/RESULTS.md section 22), so a
+    chunk of 32 keeps that near 0.1 ms per sample; a large cluster gets enough tasks in
+    flight from a wider window of batches (the engine's ``window``), not smaller chunks."""
+    return min(batch_size, max(32, min(128, math.ceil(batch_size / (2 * max(1, tasks))))))
 
 
 class RayDecodeStage:

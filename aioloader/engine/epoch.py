@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
 from aioloader.cluster.session import RaySession
-from aioloader.cluster.stage import RayDecodeStage
+from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.image import ImageDecoder
@@ -38,7 +38,7 @@ from aioloader.read.reader import FileReader
 from aioloader.read.urls import is_remote
 from aioloader.tune.tuner import Tuner, memory_budget, trainer_pids
 
-__all__ = ["Engine", "chunk_size", "cluster_chunk", "declared_layout", "pooled_slabs", "window_size"]
+__all__ = ["Engine", "chunk_size", "declared_layout", "pooled_slabs", "window_size"]
 
 T = TypeVar("T")
 
@@ -349,15 +349,6 @@ def chunk_size(batch_size: int, num_workers: int) -> int:
     if num_workers <= 0:
         return batch_size
     return max(1, min(32, math.ceil(batch_size / (2 * num_workers))))
-
-
-def cluster_chunk(batch_size: int, tasks: int) -> int:
-    """Samples per Ray task (``decode_on="ray"``): about two tasks per slot of a batch, but at
-    least 32 (or the batch) and at most 128. A Ray task costs the trainer's process about
-    3 ms to submit and unpack whatever its size (benchmarks/RESULTS.md section 22), so a
-    chunk of 32 keeps that near 0.1 ms per sample; a large cluster gets enough tasks in
-    flight from a wider window of batches (:attr:`Engine.window`), not smaller chunks."""
-    return min(batch_size, max(32, min(128, math.ceil(batch_size / (2 * max(1, tasks))))))
 
 
 class _SizeTracker:
