@@ -13,33 +13,21 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import make_config
 
 import aioloader
 from aioloader import FileDataset, ImageDecoder
 from aioloader.config import AUTO_IO_START, LoaderConfig, resolve_device, usable_cpus
 
-DEFAULTS: dict[str, Any] = {
-    "batch_size": 4,
-    "decode": None,
-    "collate": None,
-    "shuffle": False,
-    "seed": 0,
-    "drop_last": False,
-    "num_workers": 1,
-    "io_concurrency": 8,
-    "prefetch": 2,
-    "ordered": True,
-    "device": None,
-    "pin_memory": None,
-    "on_error": "raise",
-    "max_failures": None,
-}
+#: What the tests here set apart from ``helpers.make_config``'s small settings.
+DEFAULTS: dict[str, Any] = {"shuffle": False, "seed": 0, "io_concurrency": 8}
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 
 
 def create(**overrides: Any) -> LoaderConfig:
-    return LoaderConfig.create(**{**DEFAULTS, **overrides})
+    config: LoaderConfig = make_config(**{**DEFAULTS, **overrides})
+    return config
 
 
 def loader(**overrides: Any) -> aioloader.Loader:
