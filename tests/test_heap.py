@@ -4,13 +4,13 @@ batches fit the slabs (aioloader/base/heap.py)."""
 from __future__ import annotations
 
 import platform
-import threading
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from aioloader import Loader
-from aioloader.base import heap
 from aioloader.base.heap import BurstTrim
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -30,37 +30,50 @@ def test_a_stream_that_stays_large_never_trims() -> None:
     assert t.trims == 0
 
 
-def _private_dirty_kib() -> int:
+#: Run in a fresh interpreter: what glibc keeps depends on the process's malloc history (its
+#: mmap threshold, its arenas), which the tests run before would otherwise decide.
+_CHURN = """
+import threading
+import numpy as np
+from aioloader.base import heap
+
+def private_dirty_kib():
     with open("/proc/self/smaps_rollup") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:"))
+
+pinned = []
+
+def churn():
+    # A large block first: freeing it raises glibc's mmap threshold to its size (a block
+    # above 32 MiB would not), so the 150 KB blocks that follow come from this thread's
+    # arena, as a batch's samples do.
+    big = np.ones(16 << 20, dtype=np.uint8)
+    del big
+    blocks = [np.ones(150_528, dtype=np.uint8) for _ in range(256)]  # 37 MiB
+    # A block made after them stays: the freed ones are below the arena's top, as with a
+    # loader's live objects, so glibc does not give them back by itself.
+    pinned.append(np.ones(65_536, dtype=np.uint8))
+    del blocks
+
+t = threading.Thread(target=churn)
+t.start()
+t.join()
+before = private_dirty_kib()
+trimmed = heap.trim()
+print(before, private_dirty_kib(), trimmed)
+"""
 
 
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
 def test_trim_gives_back_what_a_thread_freed() -> None:
     """What glibc keeps after a thread frees many mid-sized blocks (the shape of a pickled
     batch's samples) leaves the process's dirty memory with one trim."""
-
-    pinned: list[np.ndarray] = []
-
-    def churn() -> None:
-        # A large block first: freeing it raises glibc's mmap threshold to its size (a
-        # block above 32 MiB would not), so the 150 KB blocks that follow come from this
-        # thread's arena, as a batch's samples do.
-        big = np.ones(16 << 20, dtype=np.uint8)
-        del big
-        blocks = [np.ones(150_528, dtype=np.uint8) for _ in range(256)]  # 37 MiB
-        # A block made after them stays: the freed ones are below the arena's top, as
-        # with a loader's live objects, so glibc does not give them back by itself.
-        pinned.append(np.ones(65_536, dtype=np.uint8))
-        del blocks
-
-    t = threading.Thread(target=churn)
-    t.start()
-    t.join()
-    before = _private_dirty_kib()
-    assert heap.trim()
-    after = _private_dirty_kib()
-    assert before - after > 16 << 10, (before, after)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHURN], capture_output=True, text=True, timeout=60, check=True
+    )
+    before, after, trimmed = out.stdout.split()
+    assert trimmed == "True"
+    assert int(before) - int(after) > 16 << 10, (before, after)
 
 
 def _image(data: bytes) -> np.ndarray:
