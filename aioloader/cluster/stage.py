@@ -31,6 +31,7 @@ from aioloader.cluster.task import Answer, Fatal, Reading, TimedOut
 from aioloader.decode.protocol import Failed, Pickled, RowResult
 from aioloader.decode.slabs import Slab
 from aioloader.decode.slots import OrderedSlots
+from aioloader.decode.stage import decode_error
 from aioloader.decode.worker import RowWriter
 from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
 from aioloader.observe.stages import StageMeter
@@ -169,9 +170,8 @@ class RayDecodeStage:
             )
             if answer.bytes_read:  # URLs the task read (local files are counted as read here)
                 self._counters.add_bytes(answer.bytes_read)
-            if answer.retries:
-                for _ in range(answer.retries):
-                    self._counters.retried()
+            for _ in range(answer.retries):
+                self._counters.retried()
             return answer, None
 
     async def _answer(self, ref: Any, samples: int) -> Answer:
@@ -203,7 +203,7 @@ class RayDecodeStage:
                 # arrays are read-only views of Ray's object store, held while they live.
                 outcomes[row] = Pickled(copy.deepcopy(res.value)) if isinstance(res, Pickled) else res
             elif isinstance(got, Failed):
-                outcomes[row] = self._failure(got, path, index)
+                outcomes[row] = decode_error(got, path, index, "Ray worker")
             elif isinstance(got, TimedOut):
                 outcomes[row] = LoaderTimeoutError(
                     f"decode took longer than sample_timeout={self._timeout}s", path=path, index=index
@@ -216,17 +216,6 @@ class RayDecodeStage:
                 outcomes[row] = failed
             else:
                 outcomes[row] = got
-
-    def _failure(self, res: Failed, path: str, index: int) -> DecodeError:
-        cause = res.error
-        err = DecodeError(
-            f"decode failed: {type(cause).__name__}: {cause}\n--- Ray worker traceback ---\n{res.traceback}",
-            path=path,
-            index=index,
-        )
-        err.worker_traceback = res.traceback
-        err.__cause__ = cause
-        return err
 
 
 async def _all(aws: Any) -> None:

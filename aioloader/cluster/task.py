@@ -76,14 +76,13 @@ class Reading:
 class Answer:
     """A task's answer: one outcome per sample, in the chunk's order; the seconds the task
     spent reading URLs and decoding (the rest of the round trip is Ray's: scheduling and
-    moving the bytes); the read retries it made; the node it ran on; and the bytes of the
+    moving the bytes); the read retries it made; and the bytes of the
     URLs it read (the loader's ``stats.bytes_read``)."""
 
     outcomes: list[Outcome]
     read_seconds: float
     decode_seconds: float
     retries: int
-    node: str
     bytes_read: int = 0
 
 
@@ -124,7 +123,7 @@ def decode_task(
             continue
         data = got.pop(i) if isinstance(src, str) else src
         outcomes[i] = _decode_one(decode, Chunk(None, None, [(row, index, data)], seed, epoch), timeout)
-    return Answer(outcomes, t1 - t0, time.perf_counter() - t1, retries, _node(), nbytes)
+    return Answer(outcomes, t1 - t0, time.perf_counter() - t1, retries, nbytes)
 
 
 def _decode_one(decode: Callable[[bytes], Any], chunk: Chunk, timeout: float | None) -> RowResult | TimedOut:
@@ -158,15 +157,6 @@ def _decoder(box: list[Any], token: str) -> Callable[[bytes], Any]:
             _decoders.pop(next(iter(_decoders)))
         _decoders[token] = decode
     return decode
-
-
-def _node() -> str:
-    try:
-        import ray
-
-        return str(ray.get_runtime_context().get_node_id())
-    except Exception:  # noqa: BLE001 - only for the stats
-        return ""
 
 
 # --- URLs, read on an event loop this worker process keeps -----------------------------------

@@ -33,7 +33,7 @@ from aioloader.decode.worker import NotLoaded, decode_chunk
 from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
 from aioloader.observe.stages import StageMeter
 
-__all__ = ["DecodeStage", "Outcome"]
+__all__ = ["DecodeStage", "Outcome", "decode_error"]
 
 #: What became of one sample: its result, or the error that ends it.
 Outcome = RowResult | SampleError
@@ -148,19 +148,8 @@ class DecodeStage:
                     left.append(item)
             chunk = dataclasses.replace(chunk, items=left)
         for (row, index, _), res in zip(chunk.items, results or [], strict=True):
-            outcomes[row] = self._failure(res, index) if isinstance(res, Failed) else res
+            outcomes[row] = decode_error(res, self._path_of(index), index) if isinstance(res, Failed) else res
         return [outcomes[row] for row, _, _ in items]
-
-    def _failure(self, res: Failed, index: int) -> DecodeError:
-        cause = res.error
-        err = DecodeError(
-            f"decode failed: {type(cause).__name__}: {cause}\n--- worker traceback ---\n{res.traceback}",
-            path=self._path_of(index),
-            index=index,
-        )
-        err.worker_traceback = res.traceback
-        err.__cause__ = cause
-        return err
 
     def _open_slots(self) -> OrderedSlots:
         if self._slots is None:
@@ -211,3 +200,18 @@ class DecodeStage:
                 pid, since = slab.status.busy(row)
                 if pid and now - since > timeout:
                     self._pool.kill_for_timeout(pid)
+
+
+def decode_error(res: Failed, path: str, index: int, where: str = "worker") -> DecodeError:
+    """The :class:`DecodeError` of a sample whose decode raised: the user's exception as its
+    cause, the traceback of the ``where`` it ran in (a worker, a Ray worker) in its message
+    and in ``worker_traceback``."""
+    cause = res.error
+    err = DecodeError(
+        f"decode failed: {type(cause).__name__}: {cause}\n--- {where} traceback ---\n{res.traceback}",
+        path=path,
+        index=index,
+    )
+    err.worker_traceback = res.traceback
+    err.__cause__ = cause
+    return err
