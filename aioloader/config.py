@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 
 from aioloader.base import sendable
+from aioloader.base.semnames import import_loky_cpu_count
 from aioloader.read.backends import StorageBackend, resolve
 
 __all__ = [
@@ -57,19 +58,7 @@ def usable_cpus() -> int:
 
 
 def _loky_cpu_count() -> int:
-    # Imported on first use: loky takes 13-33 ms to import, which ``import aioloader`` and
-    # the worker processes need not pay.
-    from multiprocessing import synchronize
-
-    make_name = vars(synchronize.SemLock)["_make_name"]  # the staticmethod itself
-    try:
-        from loky import cpu_count
-    finally:
-        # Importing loky renames every multiprocessing semaphore the process makes from then
-        # on (``/loky-<pid>-...``), the user's too. Undone: the decode pool's semaphores keep
-        # their ``sem.mp-aioloader-<pid>-`` names, by which ``aioloader doctor`` finds them.
-        synchronize.SemLock._make_name = make_name  # type: ignore[attr-defined]
-    return int(cpu_count())
+    return int(import_loky_cpu_count()())
 
 
 def _positive_int(name: str, value: object) -> int:

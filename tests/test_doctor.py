@@ -134,3 +134,51 @@ def test_only_names_of_dead_processes_are_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"aioloader-{os.getpid()}-0-live", "not-ours"]
     )
+
+
+LOKY_WHILE_A_POOL_STARTS = """
+import multiprocessing as mp, sys, threading
+from aioloader.base.semnames import named_for_this_process
+from aioloader.config import usable_cpus
+
+ctx = mp.get_context("forkserver")  # names kept until unlinked, as the decode pool's are
+names, done = [], threading.Event()
+
+
+def make() -> None:  # the decode pool starting its executor on a thread of its own
+    while not done.is_set():
+        with named_for_this_process():
+            lock = ctx.Lock()
+        names.append(lock._semlock.name)
+        del lock
+
+
+if __name__ == "__main__":
+    maker = threading.Thread(target=make)
+    maker.start()
+    while len(names) < 10:
+        pass
+    usable_cpus()  # the pipeline asks, meanwhile; the first call imports loky
+    assert "loky" in sys.modules
+    before = len(names)
+    while len(names) < before + 10:
+        pass
+    done.set()
+    maker.join()
+    print(len(names), *sorted({n.split("-")[0] + "-" + n.split("-")[1] for n in names}))
+"""
+
+
+def test_semaphores_keep_their_names_while_loky_is_imported(tmp_path: Path) -> None:
+    """Importing loky (``usable_cpus()``) replaces multiprocessing's semaphore name maker for
+    a moment, and the decode pool may be making its queues' semaphores on another thread just
+    then: every one of them still gets its ``mp-aioloader-<pid>`` name, by which ``doctor``
+    finds it after a crash (a CI run once found one missing)."""
+    script = tmp_path / "loky_race.py"
+    script.write_text(LOKY_WHILE_A_POOL_STARTS)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=script_env(), timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    count, *prefixes = out.stdout.split()
+    assert int(count) >= 20 and prefixes == ["/mp-aioloader"], out.stdout

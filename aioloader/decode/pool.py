@@ -11,14 +11,13 @@ imported, so each worker starts by a cheap fork of a warm process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from multiprocessing.context import BaseContext
 from types import ModuleType
 from typing import Any
 
+from aioloader.base.semnames import named_for_this_process
 from aioloader.decode import forking, zygote
 from aioloader.decode import worker as _worker
 from aioloader.decode.protocol import Chunk, RowResult
@@ -137,7 +137,7 @@ class DecodePool:
             self._started.set()
 
     def _start(self) -> ProcessPoolExecutor:
-        with _semaphores_named_for_this_process():
+        with named_for_this_process():
             executor = ProcessPoolExecutor(
                 self.num_workers,
                 mp_context=self._context,
@@ -266,28 +266,6 @@ class DecodePool:
         self._starter.join()  # bounded: the fork server answers or fails
         if self._executor is not None:
             _close_executor(self._executor, grace)
-
-
-_semprefix_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _semaphores_named_for_this_process() -> Iterator[None]:
-    """Name the POSIX semaphores made meanwhile (the executor's queues make five)
-    ``/dev/shm/sem.mp-aioloader-<pid>-<random>`` instead of ``sem.mp-<random>``, so a user,
-    and ``aioloader doctor``, can tell whose they are. Linux only: elsewhere names are short
-    (31 bytes on macOS) and not files."""
-    config = mp.current_process()._config  # type: ignore[attr-defined]
-    if not sys.platform.startswith("linux") or "semprefix" not in config:
-        yield
-        return
-    with _semprefix_lock:
-        saved = config["semprefix"]
-        config["semprefix"] = f"{saved}-aioloader-{os.getpid()}"
-        try:
-            yield
-        finally:
-            config["semprefix"] = saved
 
 
 def describe_deaths(codes: Mapping[int, int | None]) -> str:
