@@ -305,3 +305,72 @@ def test_a_reused_descriptor_number_is_never_mapped(tmp_path: Path, monkeypatch:
             os.close(back_r)
     finally:
         os.close(fd)
+
+
+def _resident(name: str) -> int:
+    """Bytes of slab ``name`` resident in this process's mappings of it (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=5)
+            if "-" in head[0] and len(head) >= 5 and head[0][0] in "0123456789abcdef" and ":" not in head[0]:
+                path = head[5].strip() if len(head) == 6 else ""
+                inside = os.path.basename(path.removeprefix("/memfd:")).removesuffix(" (deleted)") == name
+            elif inside and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+def test_a_decoded_batch_gives_its_input_arena_back() -> None:
+    """Once a batch's samples are decoded, the pages its file bytes filled in the slab's input
+    arena go back to the kernel (the slab then waits, queued or held, with its rows alone);
+    the rows are untouched, and a reused slab's arena fills again."""
+    pool = SlabPool(4, pooled=1, sample=SampleLayout.declared((1024,)))
+    try:
+        pool.want(SampleLayout.declared((1024,)), in_size=1 << 20, out_size=0)
+        slab = pool.acquire()
+        name = slab.name
+        off = slab.input.alloc(1 << 20)
+        assert off == 0
+        slab.input.buf[:] = b"\x07" * (1 << 20)
+        rows = np.frombuffer(slab.mmap, np.uint8, 4 * 1024, slab.layout.blocks[0])
+        rows[:] = 9
+        full = _resident(name)
+        assert full >= (1 << 20) + 4 * 1024
+        slab.drop_input()
+        assert full - _resident(name) >= (1 << 20) - mmap.PAGESIZE
+        whole = -(-slab.layout.input // mmap.PAGESIZE) * mmap.PAGESIZE - slab.layout.input
+        gone = slab.input.buf[whole : whole + (1 << 20) - mmap.PAGESIZE]
+        assert bytes(gone) == bytes(len(gone))  # its whole pages read back as zeros
+        assert (rows == 9).all()
+        pool.release(slab)
+        again = pool.acquire()
+        assert again is slab and again.input.alloc(100) == 0
+        again.input.buf[:100] = b"x" * 100
+        assert bytes(again.input.buf[:100]) == b"x" * 100
+        pool.release(again)
+    finally:
+        pool.close()
+    del slab, again, rows, gone
+    gc.collect()
+    assert shm_segments() == set() and not slab_mappings()
+
+
+def head_rows(data: bytes) -> np.ndarray:
+    """16 KiB of the file's number (``write_sized_files``), as a sample big enough to be
+    handed out as a view of its slab."""
+    return np.full(16384, int(data[7:13]), dtype=np.uint8)
+
+
+def test_a_held_batch_keeps_no_file_bytes(tmp_path: Path) -> None:
+    """A loader's batches hold their rows, not the 200 KB files they were decoded from: the
+    slab behind a batch the trainer holds has far less resident than the batch's files."""
+    paths = write_sized_files(tmp_path / "sized", [200_000] * 64)
+    kw = {"num_workers": 1, "loader_process": False, "io_concurrency": 8}
+    with Loader(paths, batch_size=8, shuffle=False, decode=head_rows, **kw) as ld:
+        held = [b for b in ld]  # the first two, built at once, had no layout to learn from
+        name = shm_mapping(held[-1])
+        assert name is not None
+        assert [int(r[0]) for b in held for r in b] == list(range(64))
+        assert _resident(name) < 200_000  # the rows are 128 KiB; the 8 files were 1.6 MB
+    del held
