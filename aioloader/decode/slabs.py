@@ -11,8 +11,6 @@ decodes from there into the sample's row of each rows block (when the batch's sa
 the learned layout: the blocks *are* the collated batch, handed out as tensors without a
 copy) or into its chunk's share of the output area (samples then reach the collate as
 views). Only offsets, small metadata and the slab's handle cross the process boundary.
-Once the batch's samples are decoded, the input arena's pages go back to the kernel
-(:meth:`Slab.drop_input`): a slab waits queued or held by the trainer with its rows alone.
 
 Slabs are recycled through a free list (the way Caffe's prefetch_free_/prefetch_full_ queues
 recycle buffers). A slab returns to it only when nobody can see it: :meth:`Slab.owner` is
@@ -53,7 +51,6 @@ from aioloader.errors import LoaderError
 __all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "shm_available"]
 
 PREFIX = "aioloader-"
-_MADV_REMOVE: int | None = getattr(mmap, "MADV_REMOVE", None)
 _ids = itertools.count()
 
 
@@ -85,12 +82,6 @@ class Arena:
         with self._lock:
             if offset + size == self._used:
                 self._used = offset + used
-
-    @property
-    def used(self) -> int:
-        """Bytes allocated so far."""
-        with self._lock:
-            return self._used
 
     def reset(self) -> None:
         with self._lock:
@@ -139,26 +130,6 @@ class Slab:
         self.input.reset()
         self._out.reset()
         self.status.clear()
-
-    def drop_input(self) -> None:
-        """Give the pages of the input arena's used part back to the kernel, once the batch's
-        samples are decoded: a slab spends most of its life queued or held by the trainer,
-        when its file bytes are dead weight (a batch's worth: 5.4 MiB for 64 files of 84 KB).
-        The next batch's reads fault fresh zeroed pages in. Linux shared memory only (memfd
-        or ``/dev/shm``): elsewhere a no-op."""
-        used = self.input.used
-        if used == 0 or _MADV_REMOVE is None:
-            return
-        # Whole pages inside the arena only: the status table and the rows blocks around it
-        # are aligned to far less than a page.
-        page = mmap.PAGESIZE
-        start = -(-self.layout.input // page) * page
-        end = (self.layout.input + used) // page * page
-        if end > start and not self.closed:
-            try:
-                self._mmap.madvise(_MADV_REMOVE, start, end - start)
-            except OSError:  # a file system without hole punching: the pages stay, as before
-                pass
 
     def out_share(self, size: int) -> tuple[int, int] | None:
         """``(offset, size)`` of ``size`` bytes of the output area for one chunk, or None."""

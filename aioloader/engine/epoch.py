@@ -229,8 +229,6 @@ class Engine:
                 self._chunk(plan.epoch, k, slab, indices, rows[i : i + self.chunk], results)
                 for i in range(0, len(indices), self.chunk)
             )
-            if slab is not None:
-                slab.drop_input()
             self._learn(results, slab)
             batch, slab = await self._assembler.assemble(k, indices, results, slab)
             return batch
