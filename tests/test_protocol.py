@@ -300,7 +300,9 @@ def test_run_chunk_writes_rows_area_and_pickles_by_fit(
     path, layout, m = slab_file
     monkeypatch.setattr(_worker, "_decode", reverse_and_meta)
     items: list[tuple[int, int, Any]] = [(0, 5, (0, 3)), (2, 6, (6, 3)), (1, 7, b"wxyz"), (3, 8, b"pqr")]
-    results = _worker.run_chunk(Chunk(path, layout, items, 0, 0, out=(layout.out, 256)))
+    # The slab is its own input arena here (the loader gives a batch an arena of its own).
+    chunk = Chunk(path, layout, items, 0, 0, out=(layout.out, 256), inputs=path, inputs_at=layout.input)
+    results = _worker.run_chunk(chunk)
     # Samples of the slab's layout went into their rows; the odd one into the output area.
     assert results[0] == Written((3, "name")) and results[1] == Written((3, "name"))
     assert results[3] == Written((3, "name"))
@@ -340,4 +342,5 @@ def test_run_chunk_pickles_what_does_not_fit_anywhere(
     results = _worker.run_chunk(Chunk(path, layout, [(1, 7, b"wxyz")], 0, 0, out=None))
     assert isinstance(results[0], Pickled) and results[0].value["bytes"].tolist() == list(b"zyxw")
     monkeypatch.setattr(_worker, "_decode", lambda data: data.upper())
-    assert _worker.run_chunk(Chunk(path, layout, [(0, 1, (0, 3))], 0, 0)) == [Pickled(b"ABC")]
+    chunk = Chunk(path, layout, [(0, 1, (0, 3))], 0, 0, inputs=path, inputs_at=layout.input)
+    assert _worker.run_chunk(chunk) == [Pickled(b"ABC")]

@@ -81,8 +81,8 @@ def test_held_batches_never_change_and_the_pool_recycles(numbered: list[str]) ->
         assert all(torch.equal(a, b) for a, b in zip(held, snapshot, strict=True))
         del held, snapshot
         gc.collect()
-        pooled = shm_segments()
-        assert len(pooled) < len(held_in)  # one-shot slabs went away, the bounded pool stays
+        pooled = shm_segments()  # the bounded pools of slabs and of input arenas
+        assert held_in - pooled  # one-shot slabs went away
         seen: set[str | None] = set()
         for b in loader:  # batches dropped as we go: slabs are recycled, none made
             seen.add(shm_mapping(b))
@@ -305,3 +305,38 @@ def test_a_reused_descriptor_number_is_never_mapped(tmp_path: Path, monkeypatch:
             os.close(back_r)
     finally:
         os.close(fd)
+
+
+def _resident(name: str) -> int:
+    """Bytes of slab ``name`` resident in this process's mappings of it (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=5)
+            if "-" in head[0] and len(head) >= 5 and head[0][0] in "0123456789abcdef" and ":" not in head[0]:
+                path = head[5].strip() if len(head) == 6 else ""
+                inside = os.path.basename(path.removeprefix("/memfd:")).removesuffix(" (deleted)") == name
+            elif inside and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+def head_rows(data: bytes) -> np.ndarray:
+    """16 KiB of the file's number (``write_sized_files``), as a sample big enough to be
+    handed out as a view of its slab."""
+    return np.full(16384, int(data[7:13]), dtype=np.uint8)
+
+
+def test_a_held_batch_keeps_no_file_bytes(tmp_path: Path) -> None:
+    """A loader's batches hold their rows, not the 200 KB files they were decoded from: the
+    files were read into input arenas of their own, given back once decoded, and the slab
+    behind a batch the trainer holds has far less resident than the batch's files."""
+    paths = write_sized_files(tmp_path / "sized", [200_000] * 64)
+    kw = {"num_workers": 1, "loader_process": False, "io_concurrency": 8}
+    with Loader(paths, batch_size=8, shuffle=False, decode=head_rows, **kw) as ld:
+        held = [b for b in ld]  # the first two, built at once, had no layout to learn from
+        name = shm_mapping(held[-1])
+        assert name is not None
+        assert [int(r[0]) for b in held for r in b] == list(range(64))
+        assert _resident(name) < 200_000  # the rows are 128 KiB; the 8 files were 1.6 MB
+    del held

@@ -94,6 +94,7 @@ class RayDecodeStage:
         slab: Slab | None,
         items: list[tuple[int, int, Any]],
         out: tuple[int, int] | None = None,
+        inputs: Slab | None = None,
     ) -> list[Outcome]:
         """Decode ``items`` (``(row, dataset index, bytes or URL)``) of batch ``k`` on the
         cluster. Raises only for the whole loader (:class:`LoaderError`) or on cancellation."""

@@ -54,7 +54,8 @@ Source = tuple[int, int] | bytes
 class Chunk:
     """One decode task. ``slab`` is how to map the batch's slab (None: no slab, results
     pickled); ``out`` is ``(offset, size)`` of this chunk's share of the output area, if
-    any."""
+    any; ``inputs`` how to map the batch's input arena, where an item's ``(offset, size)``
+    source lies from ``inputs_at`` on."""
 
     slab: SegmentHandle | None
     layout: SlabLayout | None
@@ -62,6 +63,8 @@ class Chunk:
     seed: int
     epoch: int
     out: tuple[int, int] | None = None
+    inputs: SegmentHandle | None = None
+    inputs_at: int = 0
 
 
 @dataclass(frozen=True, slots=True)

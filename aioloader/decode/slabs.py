@@ -1,16 +1,21 @@
 """Shared-memory batch slabs: where file bytes go in and decoded samples come out.
 
 A slab is one shared-memory segment (:mod:`aioloader.decode.segments`: anonymous shared memory on Linux,
-reached by descriptor, else a file in ``/dev/shm``) that holds a whole batch, laid out by
+reached by descriptor, else a file in ``/dev/shm``) laid out by
 :func:`aioloader.decode.layout.plan_slab`::
 
-    [ status table | input arena: the batch's file bytes | rows blocks | output area ]
+    [ status table | input arena: file bytes | rows blocks | output area ]
+
+A batch takes two, from two pools: a *rows slab* (rows blocks and output area, no arena)
+that becomes the batch, and an *input arena* (an arena alone) that its file bytes are read
+into and that goes back to its pool as soon as the batch's samples are decoded. So only the
+batches under construction hold file bytes, not the ones queued or held by the trainer.
 
 The reader threads read each file straight into the input arena (``readinto``); a worker
 decodes from there into the sample's row of each rows block (when the batch's samples share
 the learned layout: the blocks *are* the collated batch, handed out as tensors without a
 copy) or into its chunk's share of the output area (samples then reach the collate as
-views). Only offsets, small metadata and the slab's handle cross the process boundary.
+views). Only offsets, small metadata and the segments' handles cross the process boundary.
 
 Slabs are recycled through a free list (the way Caffe's prefetch_free_/prefetch_full_ queues
 recycle buffers). A slab returns to it only when nobody can see it: :meth:`Slab.owner` is

@@ -101,16 +101,25 @@ class DecodeStage:
         slab: Slab | None,
         items: list[tuple[int, int, Source]],
         out: tuple[int, int] | None = None,
+        inputs: Slab | None = None,
     ) -> list[Outcome]:
         """Decode ``items`` (``(row, dataset index, source)``) of batch ``k``; ``out`` is the
-        chunk's share of the slab's output area. Raises only for the whole loader
+        chunk's share of the slab's output area; ``inputs`` the input arena the sources
+        given as ``(offset, size)`` lie in. Raises only for the whole loader
         (:class:`~aioloader.WorkerCrashedError`) or on cancellation."""
         chunk = Chunk(
-            slab.handle if slab else None, slab.layout if slab else None, items, self._seed, epoch, out
+            slab.handle if slab else None,
+            slab.layout if slab else None,
+            items,
+            self._seed,
+            epoch,
+            out,
+            inputs.handle if inputs else None,
+            inputs.layout.input if inputs else 0,
         )
         outcomes: dict[int, Outcome] = {}
         crashes: dict[int, int] = {}
-        results = await self._here(chunk, slab)
+        results = await self._here(chunk, slab, inputs)
         while results is None and chunk.items:
             slots = self._open_slots()
             async with slots.slot((k, chunk.items[0][0])):
@@ -165,7 +174,7 @@ class DecodeStage:
         finally:
             slots.open()
 
-    async def _here(self, chunk: Chunk, slab: Slab | None) -> list[RowResult] | None:
+    async def _here(self, chunk: Chunk, slab: Slab | None, inputs: Slab | None) -> list[RowResult] | None:
         """Hot start: until every worker process is up (the fork server takes a while to
         boot), decode one chunk at a time on a thread of this process, so the first batch
         does not wait for the workers. None: use the workers."""
@@ -178,9 +187,10 @@ class DecodeStage:
                 return None
             loop = asyncio.get_running_loop()
             m = slab.mmap if slab is not None else None
+            im = inputs.mmap if inputs is not None else None
             entered = self._meter.enter()
             try:
-                return await loop.run_in_executor(self._local, decode_chunk, m, chunk, self._decode)
+                return await loop.run_in_executor(self._local, decode_chunk, m, chunk, self._decode, im)
             finally:
                 self._meter.leave(entered, per=len(chunk.items))
 

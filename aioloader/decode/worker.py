@@ -57,11 +57,11 @@ _decode: Callable[[bytes], Any] | None = None
 # its generator. Thread-local because the loader's own process also decodes on a thread
 # while its workers start (hot start), beside the trainer's own sample_rng() calls.
 _local = threading.local()
-# Slabs this worker has mapped, by name (unique, unlike a /proc/<pid>/fd/<n> path), most
+# Slabs and input arenas this worker has mapped, by name (unique, unlike a /proc/<pid>/fd/<n> path), most
 # recent last. Bounded: a one-shot slab the loader has closed is freed only once every
 # process unmaps it.
 _maps: OrderedDict[str, mmap.mmap] = OrderedDict()
-_MAX_MAPS = 24
+_MAX_MAPS = 32
 _trim = heap.BurstTrim()
 
 
@@ -141,14 +141,13 @@ def _attach(handle: SegmentHandle) -> mmap.mmap:
 def run_chunk(chunk: Chunk) -> list[RowResult]:
     """Decode ``chunk`` with the installed ``decode`` (the task a worker runs)."""
     _check_loaded()
-    if chunk.slab is None:
-        return decode_chunk(None, chunk, _decode)
     try:
-        m = _attach(chunk.slab)
+        m = _attach(chunk.slab) if chunk.slab is not None else None
+        inputs = _attach(chunk.inputs) if chunk.inputs is not None else None
     except OSError as exc:  # nothing is written: the slab may be another one's fd by now
         error = OSError(exc.errno, f"cannot map the batch's shared memory in the worker: {exc}")
         return [Failed(error, "") for _ in chunk.items]
-    results = decode_chunk(m, chunk, _decode)
+    results = decode_chunk(m, chunk, _decode, inputs)
     # Samples pickled back (before the layout is learned) leave megabytes in this worker's
     # heap: given back once they fit the slab (aioloader/base/heap.py).
     if _trim.saw(any(isinstance(r, Pickled) for r in results)):
@@ -156,8 +155,11 @@ def run_chunk(chunk: Chunk) -> list[RowResult]:
     return results
 
 
-def decode_chunk(m: mmap.mmap | None, chunk: Chunk, decode: Callable[[bytes], Any] | None) -> list[RowResult]:
-    """Decode ``chunk`` over the slab mapped at ``m`` (None: no slab) with ``decode``."""
+def decode_chunk(
+    m: mmap.mmap | None, chunk: Chunk, decode: Callable[[bytes], Any] | None, inputs: mmap.mmap | None = None
+) -> list[RowResult]:
+    """Decode ``chunk`` over the slab mapped at ``m`` (None: no slab) with ``decode``; the
+    sources given as ``(offset, size)`` lie in the input arena mapped at ``inputs``."""
     layout = chunk.layout if m is not None else None
     status = StatusTable(m, layout.rows) if m is not None and layout is not None else None
     out = RowWriter(m, layout, chunk.out) if m is not None and layout is not None else None
@@ -166,8 +168,8 @@ def decode_chunk(m: mmap.mmap | None, chunk: Chunk, decode: Callable[[bytes], An
         if status is not None:
             status.start(row)
         if isinstance(src, tuple):
-            assert m is not None and layout is not None
-            data = m[layout.input + src[0] : layout.input + src[0] + src[1]]
+            assert inputs is not None
+            data = inputs[chunk.inputs_at + src[0] : chunk.inputs_at + src[0] + src[1]]
         else:
             data = src
         results.append(_decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index))

@@ -10,7 +10,6 @@ place, so the trainer receives every batch before it, then the error.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from collections.abc import Awaitable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from aioloader.decode.slabs import Slab, SlabPool
 from aioloader.decode.stage import DecodeStage
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.failures import FailurePolicy
+from aioloader.engine.sizing import SizeTracker, chunk_size, pooled_arenas, pooled_slabs, window_size
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
 from aioloader.observe.stats import Counters
 from aioloader.plan.repack import Repacker
@@ -38,7 +38,7 @@ from aioloader.read.reader import FileReader
 from aioloader.read.urls import is_remote
 from aioloader.tune.tuner import Tuner, memory_budget, trainer_pids
 
-__all__ = ["Engine", "chunk_size", "declared_layout", "pooled_slabs", "window_size"]
+__all__ = ["Engine", "chunk_size", "declared_layout", "pooled_arenas", "pooled_slabs", "window_size"]
 
 T = TypeVar("T")
 
@@ -72,11 +72,16 @@ class Engine:
         counters: Counters,
         trainer_pid: int | None = None,
         cluster: RaySession | None = None,
+        inputs: SlabPool | None = None,
     ) -> None:
         self._cfg = config
         self._ds = dataset
         self._reader = reader
         self._slabs = slabs
+        # Input arenas (slabs without rows): a batch's file bytes, from its reads until its
+        # samples are decoded, in a pool of their own sized to the window, so the slabs
+        # queued and held by the trainer do not each keep a batch of file bytes.
+        self._inputs = inputs if cluster is None else None
         self._counters = counters
         self.policy = FailurePolicy(config.on_error, config.max_failures, counters)
         self._decoder: DecodeStage | RayDecodeStage | None = None
@@ -114,7 +119,7 @@ class Engine:
         )
         self._layout = LayoutTracker(declared_layout(config.decode))
         self._trim = heap.BurstTrim()
-        self._sizes = _SizeTracker(config.batch_size)
+        self._sizes = SizeTracker(config.batch_size)
         self._plan_slabs()
         # Samples per decode task: one round trip to a worker is amortised over a chunk, and
         # a batch still spreads over every worker (two chunks each). Without decoding, a
@@ -149,10 +154,12 @@ class Engine:
         return window_size(io, self._cfg.batch_size)
 
     def _io_moved(self, io: int) -> None:
-        """The read limit moved: so do the window and the slabs kept for it."""
+        """The read limit moved: so do the window and the slabs and arenas kept for it."""
+        io = max(io, self._cluster_tasks * self.chunk)
         if self._slabs is not None:
-            io = max(io, self._cluster_tasks * self.chunk)
             self._slabs.set_pooled(pooled_slabs(io, self._cfg.batch_size, self._cfg.prefetch))
+        if self._inputs is not None:
+            self._inputs.set_pooled(pooled_arenas(io, self._cfg.batch_size))
 
     def _bytes_per_sample(self) -> int:
         """What a sample in flight holds: its file's share of the input arena and its
@@ -160,12 +167,13 @@ class Engine:
         return self._sizes.arena_bytes() // self._cfg.batch_size + self._layout.out_bytes_per_sample()
 
     def _plan_slabs(self) -> None:
-        """What the next slabs look like: rows blocks for the learned layout, an input arena
-        for the file sizes seen, an output area when shapes vary."""
+        """What the next slabs look like: rows blocks for the learned layout and an output
+        area when shapes vary; the next input arenas: room for the file sizes seen."""
         if self._slabs is not None:
             out = self._cfg.batch_size * self._layout.out_bytes_per_sample()
-            arena = 0 if self._cluster_tasks else self._sizes.arena_bytes()  # Ray: files cross as bytes
-            self._slabs.want(self._layout.sample, arena, out)
+            self._slabs.want(self._layout.sample, 0, out)
+        if self._inputs is not None:
+            self._inputs.want(None, self._sizes.arena_bytes(), 0)
 
     async def produce(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
         """Put the batches of ``plan.pending()`` into ``out``, then ``END`` or a
@@ -222,29 +230,37 @@ class Engine:
         """Read, decode and assemble batch ``k``."""
         indices: list[int] = plan.batch(k).tolist()
         slab = self._slabs.acquire() if self._slabs is not None else None
+        inputs = self._inputs.acquire() if self._inputs is not None else None
         try:
             results: list[RowResult | None] = [None] * len(indices)
             rows = range(len(indices))
             await _gather_or_cancel(
-                self._chunk(plan.epoch, k, slab, indices, rows[i : i + self.chunk], results)
+                self._chunk(plan.epoch, k, slab, inputs, indices, rows[i : i + self.chunk], results)
                 for i in range(0, len(indices), self.chunk)
             )
+            if inputs is not None:  # decoded: the file bytes are no longer needed
+                self._inputs.release(inputs)  # type: ignore[union-attr]
+                inputs = None
             self._learn(results, slab)
             batch, slab = await self._assembler.assemble(k, indices, results, slab)
             return batch
         except BaseException:
-            if slab is not None:  # a worker or a read may still write into it: never reuse it
-                slab.tainted = True
+            for written in (slab, inputs):  # a worker or a read may still write into it
+                if written is not None:
+                    written.tainted = True  # never reused
             raise
         finally:
             if slab is not None:
                 self._slabs.release(slab)  # type: ignore[union-attr]
+            if inputs is not None:
+                self._inputs.release(inputs)  # type: ignore[union-attr]
 
     async def _chunk(
         self,
         epoch: int,
         k: int,
         slab: Slab | None,
+        inputs: Slab | None,
         indices: list[int],
         rows: range,
         results: list[RowResult | None],
@@ -257,11 +273,11 @@ class Engine:
             here = [r for r, p in zip(rows, paths, strict=True) if not is_remote(p)] if urls else rows
             if urls:
                 self.policy.attempted(len(urls))
-            sources = await self._read(indices, here, slab) if here else []
+            sources = await self._read(indices, here, inputs) if here else []
             items = [(r, indices[r], src) for r, src in zip(here, sources, strict=True) if src is not None]
             items = sorted(items + urls) if urls else items
         else:
-            sources = await self._read(indices, rows, slab)
+            sources = await self._read(indices, rows, inputs)
             items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
         if not items:
             return
@@ -271,7 +287,7 @@ class Engine:
             return
         per_sample = self._layout.out_bytes_per_sample()
         share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
-        outcomes = await self._decoder.run(epoch, k, slab, items, share)
+        outcomes = await self._decoder.run(epoch, k, slab, items, share, inputs)
         for (r, _, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, SampleError):
                 self.policy.failed(outcome)
@@ -279,13 +295,12 @@ class Engine:
                 results[r] = outcome
 
     async def _read(
-        self, indices: list[int], rows: range | list[int], slab: Slab | None
+        self, indices: list[int], rows: range | list[int], inputs: Slab | None
     ) -> list[Source | None]:
-        """The bytes of the samples in ``rows`` (into the slab's input arena when decoding
+        """The bytes of the samples in ``rows`` (into the batch's input arena when decoding
         locally); None for a sample that failed and is skipped."""
         self.policy.attempted(len(rows))
-        local = self._decoder is not None and not self._cluster_tasks
-        arena = slab.input if slab is not None and local else None
+        arena = inputs.input if inputs is not None and self._decoder is not None else None
         chosen = [indices[r] for r in rows]
         items = list(zip(chosen, self._ds.paths_of(chosen), strict=True))
         spans = [self._ds.span(index) for index in chosen] if self._ds.has_spans else None
@@ -293,8 +308,8 @@ class Engine:
         total = 0
         for res in await self._reader.fetch_many(items, arena, self._cfg.sample_timeout, spans):
             if isinstance(res, SampleError):
-                if isinstance(res, LoaderTimeoutError) and slab is not None:
-                    slab.tainted = True  # the abandoned read may still write into its arena
+                if isinstance(res, LoaderTimeoutError) and inputs is not None:
+                    inputs.tainted = True  # the abandoned read may still write into its arena
                 self.policy.failed(res)
                 sources.append(None)
                 continue
@@ -328,46 +343,6 @@ class Engine:
         # malloc arenas (aioloader/base/heap.py): given back once the batches fit the slabs.
         if self._trim.saw(any(isinstance(r, Pickled) for r in results)):
             heap.trim()
-
-
-def window_size(io_concurrency: int, batch_size: int) -> int:
-    """Batches built at once: enough samples in flight to use every read slot, at least 2."""
-    return max(2, math.ceil(io_concurrency / batch_size) + 1)
-
-
-def pooled_slabs(io_concurrency: int, batch_size: int, prefetch: int) -> int:
-    """Slabs kept for reuse: enough for every batch the pipeline itself holds (under
-    construction, one being queued, queued, in the bridge, in the hand-off, one whose rows
-    repacking carries over) and the two a ``for b in loader`` holds around each ``next()``:
-    the new one, and the old one until ``b`` is rebound."""
-    return window_size(io_concurrency, batch_size) + prefetch + 5
-
-
-def chunk_size(batch_size: int, num_workers: int) -> int:
-    """Samples per decode task: a batch split into about two tasks per worker, at most 32;
-    with no decode workers (``num_workers=0``), the whole batch."""
-    if num_workers <= 0:
-        return batch_size
-    return max(1, min(32, math.ceil(batch_size / (2 * num_workers))))
-
-
-class _SizeTracker:
-    """Running mean of file sizes, to size the slabs' input arenas (+50% headroom)."""
-
-    def __init__(self, batch_size: int) -> None:
-        self.batch_size = batch_size
-        self.total = 0
-        self.count = 0
-
-    def add(self, size: int, files: int = 1) -> None:
-        """``files`` more files, of ``size`` bytes in all."""
-        self.total += size
-        self.count += files
-
-    def arena_bytes(self) -> int:
-        mean = self.total / self.count if self.count else 128 * 1024
-        per_sample = int(mean * 1.5) + 4096
-        return -(-self.batch_size * per_sample // 65536) * 65536  # whole 64 KiB
 
 
 async def _gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:

@@ -1,5 +1,6 @@
 """The parts that load batches, whichever process they run in: the reader's threads, the
-decode pool, the slab pool, the collate thread and the :class:`~aioloader.engine.epoch.Engine`.
+decode pool, the pools of slabs and input arenas, the collate thread and the
+:class:`~aioloader.engine.epoch.Engine`.
 
 :func:`build` makes them for one loader; :meth:`Pipeline.close` stops them. The trainer's
 process runs them on its ``aioloader-loop`` thread (:mod:`aioloader.run.runtime`), or a loader process
@@ -20,7 +21,7 @@ from aioloader.dataset import FileDataset
 from aioloader.decode.pool import DecodePool
 from aioloader.decode.segments import FDS_PER_SLAB, MEMFD, choose_kind
 from aioloader.decode.slabs import SlabPool
-from aioloader.engine.epoch import Engine, declared_layout, pooled_slabs
+from aioloader.engine.epoch import Engine, declared_layout, pooled_arenas, pooled_slabs
 from aioloader.observe.stats import Counters
 from aioloader.read.reader import FileReader
 from aioloader.read.routing import read_workers
@@ -38,9 +39,9 @@ def io_concurrency_for_fd_limit(
     """``wanted`` reads in flight, or fewer when the open-file limit (``ulimit -n``) would
     run out: each read holds one fd, each worker process about four in the parent (pipes and
     its sentinel), and half of what is left stays for everything else. With memfd slabs of
-    ``slab_rows`` rows, each slab holds ``slab_fds`` too, and there is one slab per
-    ``slab_rows`` reads in flight, plus those of the batches queued (``prefetch``) and a few
-    more (see :func:`~aioloader.engine.epoch.pooled_slabs`)."""
+    ``slab_rows`` rows, each slab and each input arena holds ``slab_fds`` too, and there is
+    one slab and one arena per ``slab_rows`` reads in flight, plus the slabs of the batches
+    queued (``prefetch``) and a few more (see :mod:`aioloader.engine.sizing`)."""
     try:
         import resource
 
@@ -52,7 +53,7 @@ def io_concurrency_for_fd_limit(
         return wanted
     spare = (soft - in_use - 16 - 4 * num_workers) // 2
     if slab_rows > 0 and slab_fds > 0:
-        spare = (spare - slab_fds * (prefetch + 6)) * slab_rows // (slab_rows + slab_fds)
+        spare = (spare - slab_fds * (prefetch + 7)) * slab_rows // (slab_rows + 2 * slab_fds)
     return max(1, min(wanted, spare))
 
 
@@ -82,6 +83,7 @@ class Pipeline:
     slabs: SlabPool | None
     collate_pool: ThreadPoolExecutor
     cluster: RaySession | None = None
+    inputs: SlabPool | None = None
 
     def close(self, grace: float) -> None:
         """Stop the workers (``grace`` seconds for a decode in progress) or cancel the Ray
@@ -95,6 +97,8 @@ class Pipeline:
         self.collate_pool.shutdown(wait=True, cancel_futures=True)
         if self.slabs is not None:
             self.slabs.close()
+        if self.inputs is not None:
+            self.inputs.close()
 
 
 def build(
@@ -129,7 +133,7 @@ def build(
         )
         config = dataclasses.replace(config, io_concurrency=io)
         counters.set_io_concurrency(io)
-    pool = slabs = None
+    pool = slabs = inputs = None
     if config.decode is not None and cluster is not None:
         if kind is not None:
             slabs = SlabPool(config.batch_size, 1, declared_layout(config.decode), kind)
@@ -141,6 +145,8 @@ def build(
             # Sized for the reads in flight now; the tuner moves it with them.
             pooled = pooled_slabs(config.io_concurrency, config.batch_size, config.prefetch)
             slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode), kind)
+            arenas = pooled_arenas(config.io_concurrency, config.batch_size)
+            inputs = SlabPool(config.batch_size, arenas, None, kind)
     n = read_workers(
         config.num_workers,
         usable_cpus(),
@@ -162,9 +168,11 @@ def build(
         workers=workers,
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
-    engine = Engine(config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid, cluster)
+    engine = Engine(
+        config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid, cluster, inputs=inputs
+    )
     if slabs is not None and cluster is not None:
         slabs.set_pooled(pooled_slabs(engine.window * config.batch_size, config.batch_size, config.prefetch))
     if workers is not None:  # last: nothing after it can fail and leave them running
         workers.start()
-    return Pipeline(config, engine, reader, pool, slabs, collate_pool, cluster)
+    return Pipeline(config, engine, reader, pool, slabs, collate_pool, cluster, inputs)

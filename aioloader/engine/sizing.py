@@ -1,0 +1,56 @@
+"""How big the engine's moving parts are, from its settings and what it has seen: batches
+built at once, slabs and input arenas kept for reuse, samples per decode task, the input
+arena for the file sizes seen. Pure: no I/O, no loop."""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["SizeTracker", "chunk_size", "pooled_arenas", "pooled_slabs", "window_size"]
+
+
+def window_size(io_concurrency: int, batch_size: int) -> int:
+    """Batches built at once: enough samples in flight to use every read slot, at least 2."""
+    return max(2, math.ceil(io_concurrency / batch_size) + 1)
+
+
+def pooled_slabs(io_concurrency: int, batch_size: int, prefetch: int) -> int:
+    """Slabs kept for reuse: enough for every batch the pipeline itself holds (under
+    construction, one being queued, queued, in the bridge, in the hand-off, one whose rows
+    repacking carries over) and the two a ``for b in loader`` holds around each ``next()``:
+    the new one, and the old one until ``b`` is rebound."""
+    return window_size(io_concurrency, batch_size) + prefetch + 5
+
+
+def pooled_arenas(io_concurrency: int, batch_size: int) -> int:
+    """Input arenas kept for reuse: one per batch under construction, and one for the batch
+    that starts while the one before it gives its arena back. An arena is needed only until
+    its batch's samples are decoded; rows slabs live on, queued and held by the trainer."""
+    return window_size(io_concurrency, batch_size) + 1
+
+
+def chunk_size(batch_size: int, num_workers: int) -> int:
+    """Samples per decode task: a batch split into about two tasks per worker, at most 32;
+    with no decode workers (``num_workers=0``), the whole batch."""
+    if num_workers <= 0:
+        return batch_size
+    return max(1, min(32, math.ceil(batch_size / (2 * num_workers))))
+
+
+class SizeTracker:
+    """Running mean of file sizes, to size the input arenas (+50% headroom)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.total = 0
+        self.count = 0
+
+    def add(self, size: int, files: int = 1) -> None:
+        """``files`` more files, of ``size`` bytes in all."""
+        self.total += size
+        self.count += files
+
+    def arena_bytes(self) -> int:
+        mean = self.total / self.count if self.count else 128 * 1024
+        per_sample = int(mean * 1.5) + 4096
+        return -(-self.batch_size * per_sample // 65536) * 65536  # whole 64 KiB
