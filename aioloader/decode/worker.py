@@ -109,6 +109,12 @@ def worker_init(decode: bytes) -> None:
         _decode = sendable.loads(decode, "decode")
     except Exception:  # noqa: BLE001 - the loader reports it, once, as a LoaderError
         _not_loaded = traceback.format_exc()
+    pil = sys.modules.get("PIL.Image")
+    if pil is not None:
+        # Pillow registers its common formats (JPEG, PNG, BMP, GIF) on the first open: 10-12 ms
+        # of imports that would delay the first batch. Done here, before any task arrives,
+        # while the first files are still being read.
+        pil.preinit()
 
 
 def warm_up() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -207,6 +207,16 @@ class Engine:
             else None
         )
         try:
+            if todo:
+                # The epoch's first batch alone until its files are read: its decodes take the
+                # workers before the next batch's can (the trainer waits for it, and without
+                # this a chunk of batch 1 read sooner would run ahead of batch 0's last one).
+                # Then the window opens, while batch 0 decodes.
+                read = asyncio.Event()
+                first = asyncio.ensure_future(self._batch(plan, todo.popleft(), read.set))
+                first.add_done_callback(lambda _: read.set())
+                building.append(first)
+                await read.wait()
             while todo or building:
                 while todo and len(building) < self.window:
                     building.append(asyncio.ensure_future(self._batch(plan, todo.popleft())))
@@ -226,17 +236,19 @@ class Engine:
         finally:
             await _cancel(building)
 
-    async def _batch(self, plan: EpochPlan, k: int) -> Batch:
-        """Read, decode and assemble batch ``k``."""
+    async def _batch(self, plan: EpochPlan, k: int, on_read: Callable[[], None] | None = None) -> Batch:
+        """Read, decode and assemble batch ``k``; ``on_read()`` once all its files are read."""
         indices: list[int] = plan.batch(k).tolist()
         slab = self._slabs.acquire() if self._slabs is not None else None
         inputs = self._inputs.acquire() if self._inputs is not None else None
         try:
             results: list[RowResult | None] = [None] * len(indices)
             rows = range(len(indices))
+            starts = range(0, len(indices), self.chunk)
+            read = _Countdown(len(starts), on_read)
             await _gather_or_cancel(
-                self._chunk(plan.epoch, k, slab, inputs, indices, rows[i : i + self.chunk], results)
-                for i in range(0, len(indices), self.chunk)
+                self._chunk(plan.epoch, k, slab, inputs, indices, rows[i : i + self.chunk], results, read)
+                for i in starts
             )
             if inputs is not None:  # decoded: the file bytes are no longer needed
                 self._inputs.release(inputs)  # type: ignore[union-attr]
@@ -264,6 +276,7 @@ class Engine:
         indices: list[int],
         rows: range,
         results: list[RowResult | None],
+        read: _Countdown,
     ) -> None:
         """Read the files of ``rows`` concurrently, then decode them in one worker task."""
         items: list[tuple[int, int, Any]]
@@ -279,6 +292,7 @@ class Engine:
         else:
             sources = await self._read(indices, rows, inputs)
             items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
+        read.tick()
         if not items:
             return
         if self._decoder is None:  # decode=None: the sample is the file's bytes
@@ -343,6 +357,18 @@ class Engine:
         # malloc arenas (aioloader/base/heap.py): given back once the batches fit the slabs.
         if self._trim.saw(any(isinstance(r, Pickled) for r in results)):
             heap.trim()
+
+
+class _Countdown:
+    """Calls ``fn()`` on the ``n``-th :meth:`tick` (never without ``fn``)."""
+
+    def __init__(self, n: int, fn: Callable[[], None] | None) -> None:
+        self.left, self.fn = n, fn
+
+    def tick(self) -> None:
+        self.left -= 1
+        if self.left == 0 and self.fn is not None:
+            self.fn()
 
 
 async def _gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
