@@ -470,3 +470,31 @@ def test_where_no_zygote_can_be_made_auto_loads_in_process_silently_and_true_war
     ]
     warnings = [line for line in out.stderr.splitlines() if "no zygote can be made" in line]
     assert len(warnings) == 1 and warnings[0].startswith("WARNING:aioloader:loader_process=True: ")
+
+
+def wide_number(data: bytes) -> np.ndarray:
+    """64 KiB of the file's number: a batch of 16 is 1 MiB, large enough to be spilled."""
+    return np.full(1 << 16, int(decode_number(data)[0]) % 256, dtype=np.uint8)
+
+
+def _spill_maps(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split(maxsplit=5)[5].strip() for line in f if f"aioloader-{pid}-s" in line}
+
+
+def test_spill_segments_go_once_batches_come_as_slab_views(numbered: list[str]) -> None:
+    """The first batch, decoded before the slabs' layout is learned, crosses in a spill
+    segment; the batches after it are slab views, and once enough of them crossed without a
+    spill, the loader process keeps no spill segment (a batch of memory each) any more."""
+    with Loader(numbered * 6, batch_size=16, decode=wide_number, num_workers=1, shuffle=False) as loader:
+        it = iter(loader)
+        first = next(it)
+        pid = loader_pid()
+        name = shm_mapping(first, pid)
+        assert name is not None and f"aioloader-{pid}-s" in name  # spilled
+        assert int(first[0, 0]) == 0
+        del first
+        rest = [int(b[0, 0]) for b in it]  # each dropped as we go
+        assert rest == [n % 37 for n in range(16, 222, 16)]
+        gc.collect()
+        assert _spill_maps(pid) == set()

@@ -36,3 +36,27 @@ def test_a_segment_given_back_is_reused_by_best_fit_and_the_pool_is_bounded() ->
     assert a.closed
     b.close()
     pool.close()  # idempotent
+
+
+def test_segments_kept_for_reuse_go_once_batches_stop_spilling() -> None:
+    """Only the first batches spill without a custom collate: once ``keep`` batches in a row
+    spilled nothing, the kept segments are closed, and one given back then is too; the next
+    spill starts keeping again."""
+    kind = choose_kind()
+    assert kind is not None
+    pool = SpillPool(kind, keep=2)
+    a, b = pool.take(1 << 20), pool.take(1 << 20)
+    pool.give(a)
+    pool.unused()  # one batch without a spill: kept still
+    assert not a.closed
+    pool.unused()  # two in a row
+    assert a.closed
+    pool.give(b)  # came back late: not kept
+    assert b.closed
+    c = pool.take(1 << 20)  # spilling again
+    assert not c.closed
+    pool.give(c)
+    pool.unused()
+    assert not c.closed and pool.take(1 << 20) is c  # one quiet batch: kept, and reused
+    pool.close()
+    c.close()

@@ -310,6 +310,8 @@ class Host:
         located = [Located(s.handle, s.address, s.layout.size) for s in slabs]
         treedef, leaves, handles = encode(item.value, located)
         spilled = spill(leaves, handles, self.spills.take) if self.spills is not None else []
+        if not spilled and self.spills is not None:
+            self.spills.unused()
         msg = ("item", run_id, item.index, item.size, item.done, treedef, leaves, handles, counts)
         try:
             data = pickle.dumps(msg, protocol=5)

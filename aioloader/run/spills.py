@@ -8,6 +8,11 @@ back is kept (up to ``keep`` of them) under its name, so the next batch of about
 writes pages that already exist, and the trainer, whose mappings are cached by name
 (:class:`~aioloader.run.wire.SlabMaps`), maps nothing new. A segment is reused only once the
 trainer has said it no longer views it (its ``R`` line), never while a batch shows it.
+
+Without a custom collate, only the first batches spill (their samples came back pickled,
+before the slabs' layout was learned); once ``keep`` batches in a row crossed without a spill,
+the kept segments are closed (:meth:`SpillPool.unused`): a batch of memory each, that would
+otherwise stay for the loader's life.
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ class SpillPool:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self._quiet = 0  # batches in a row that spilled nothing
 
     def take(self, nbytes: int) -> Segment:
         """A segment of at least ``nbytes`` bytes: a free one no more than twice that size
         (the best fit), else a new one."""
         with self._lock:
+            self._quiet = 0
             fits = [s for s in self._free if nbytes <= s.size <= 2 * nbytes]
             if fits:
                 best = min(fits, key=lambda s: s.size)
@@ -53,13 +60,24 @@ class SpillPool:
         """``segment`` is no longer viewed by the trainer: keep it, or close it when
         ``keep`` are kept already (the oldest goes) or the pool is closed."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._quiet >= self.keep:
                 segment.close()
                 return
             self._free.append(segment)
             old = self._free.pop(0) if len(self._free) > self.keep else None
         if old is not None:
             old.close()
+
+    def unused(self) -> None:
+        """A batch crossed without spilling anything. After ``keep`` in a row, the free
+        segments are closed, and so are those given back until the next :meth:`take`."""
+        with self._lock:
+            self._quiet += 1
+            if self._quiet < self.keep:
+                return
+            free, self._free = self._free, []
+        for segment in free:
+            segment.close()
 
     def close(self) -> None:
         """Close the free segments; a segment given back later is closed then. Idempotent."""
