@@ -209,9 +209,19 @@ def test_pool_unit_bounded_reuse() -> None:
         pool.release(d)
         e = pool.acquire()  # a new sample layout: rows blocks of another size
         assert e is not d and e.layout.sample == SampleLayout.declared((5,)) and e.layout.out_size == 100
+        pool.want(SampleLayout.declared((5,)), in_size=1 << 20, out_size=100)
+        pool.release(e)
+        f = pool.acquire()
+        pool.want(SampleLayout.declared((5,)), in_size=900_000, out_size=100)
+        pool.release(f)
+        assert pool.acquire() is f  # a little roomier than needed: kept
+        pool.want(SampleLayout.declared((5,)), in_size=300_000, out_size=100)
+        pool.release(f)
+        g = pool.acquire()  # files far smaller than the arena was made for: replaced
+        assert g is not f and f.closed and g.layout.input_size == 300_000
     finally:
         pool.close()
-    del a, b, c, d, e  # their mappings (before Python 3.13, a descriptor each) go with them
+    del a, b, c, d, e, f, g  # their mappings (before Python 3.13, a descriptor each) go with them
     gc.collect()
     assert shm_segments() == set() and not slab_mappings()
 

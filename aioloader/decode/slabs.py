@@ -160,8 +160,9 @@ class SlabPool:
     ``pooled`` slabs are kept for reuse: enough for every batch the pipeline itself can hold
     (under construction, queued, in the bridge and the hand-off). Past that, while the
     trainer holds batches, one-shot slabs are made and closed when released. A free slab
-    that no longer fits what :meth:`want` asks (a new sample layout, bigger files) is
-    closed and replaced. ``kind``: where the segments live (``"memfd"`` or ``"devshm"``);
+    that no longer fits what :meth:`want` asks (a new sample layout, bigger files, or files
+    much smaller than its arena was made for) is closed and replaced. ``kind``: where the
+    segments live (``"memfd"`` or ``"devshm"``);
     by default as ``AIOLOADER_SLABS`` says, read now (see :mod:`aioloader.decode.segments`).
     """
 
@@ -198,9 +199,12 @@ class SlabPool:
             self._sample, self._in_size, self._out_size = sample, in_size, out_size
 
     def _fits(self, layout: SlabLayout) -> bool:
+        # An input arena far bigger than the files seen need is replaced too: the first ones
+        # are sized before any file was read (for 128 KiB files), and would stay for good.
+        roomy = max(self._in_size * 5 // 4, self._in_size + 65536)
         return (
             layout.sample == self._sample
-            and layout.input_size >= self._in_size
+            and self._in_size <= layout.input_size <= roomy
             and layout.out_size >= self._out_size
         )
 
