@@ -25,6 +25,7 @@ from helpers import (
     FixedShape,
     decode_head,
     memfd_slabs,
+    named,
     shm_mapping,
     shm_segments,
     slab_mappings,
@@ -350,3 +351,31 @@ def test_a_held_batch_keeps_no_file_bytes(tmp_path: Path) -> None:
         assert [int(r[0]) for b in held for r in b] == list(range(64))
         assert _resident(name) < 200_000  # the rows are 128 KiB; the 8 files were 1.6 MB
     del held
+
+
+def _mapped_by(pid: int) -> set[str]:
+    """Names of the aioloader segments process ``pid`` maps."""
+    with open(f"/proc/{pid}/maps") as f:
+        paths = [line.split(maxsplit=5)[5].strip() for line in f if "aioloader-" in line]
+    return {os.path.basename(p.removeprefix("/memfd:")).removesuffix(" (deleted)") for p in paths}
+
+
+def test_workers_unmap_the_slabs_the_loader_closed(numbered: list[str]) -> None:
+    """Batches the trainer held past the pool's bound were one-shot slabs, closed when let
+    go; the workers that decoded into them unmap them at their next tasks, so the memory is
+    freed, not kept by the workers' cache of mappings."""
+    kw = {"decode": FixedShape(), "num_workers": 1, "prefetch": 1, "loader_process": False}
+    with Loader(numbered * 4, batch_size=5, shuffle=False, **kw) as loader:
+        held = list(loader)  # 30 batches: many one-shot slabs
+        one_shot = {shm_mapping(b) for b in held} - {None}
+        (worker,) = named("aioloader-worker"[:15])
+        assert one_shot & _mapped_by(worker)  # the worker wrote them, and maps them
+        del held
+        gc.collect()
+        closed = one_shot - shm_segments()
+        assert closed  # let go of: closed by the pool
+        it = iter(loader)
+        for _ in range(3):  # the next tasks name them (before any cache eviction would)
+            next(it)
+        assert not closed & _mapped_by(worker)
+        del it

@@ -55,7 +55,8 @@ class Chunk:
     """One decode task. ``slab`` is how to map the batch's slab (None: no slab, results
     pickled); ``out`` is ``(offset, size)`` of this chunk's share of the output area, if
     any; ``inputs`` how to map the batch's input arena, where an item's ``(offset, size)``
-    source lies from ``inputs_at`` on."""
+    source lies from ``inputs_at`` on; ``forget``, names of slabs closed lately, that the
+    worker unmaps if it still maps them."""
 
     slab: SegmentHandle | None
     layout: SlabLayout | None
@@ -65,6 +66,7 @@ class Chunk:
     out: tuple[int, int] | None = None
     inputs: SegmentHandle | None = None
     inputs_at: int = 0
+    forget: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

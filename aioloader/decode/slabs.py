@@ -43,7 +43,9 @@ import mmap
 import os
 import secrets
 import threading
+import time
 import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,8 @@ from aioloader.errors import LoaderError
 __all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "shm_available"]
 
 PREFIX = "aioloader-"
+#: How long the name of a closed slab is sent to the workers (``Chunk.forget``), seconds.
+FORGET_SECONDS = 5.0
 _ids = itertools.count()
 
 
@@ -185,6 +189,11 @@ class SlabPool:
         self._pooled_count = 0
         self._closed = False
         self.created = 0
+        # (when, name) of the slabs closed lately: a worker that still maps one unmaps it when
+        # a task names it (``Chunk.forget``), so a closed slab's memory is not kept alive by
+        # the workers' caches of mappings. Every worker gets tasks all the time while a loader
+        # loads: a few seconds of names reach them all.
+        self._gone: deque[tuple[float, str]] = deque(maxlen=64)
 
     @property
     def live(self) -> int:
@@ -262,7 +271,16 @@ class SlabPool:
         with self._lock:
             return list(self._all.values())
 
+    def recently_closed(self, within: float = FORGET_SECONDS) -> tuple[str, ...]:
+        """The names of the slabs closed in the last ``within`` seconds (at most 64)."""
+        with self._lock:
+            since = time.monotonic() - within
+            while self._gone and self._gone[0][0] < since:
+                self._gone.popleft()
+            return tuple(name for _, name in self._gone)
+
     def _forget(self, slab: Slab) -> None:
+        self._gone.append((time.monotonic(), slab.name))
         self._all.pop(slab.name, None)
         if slab.pooled:
             self._pooled_count -= 1

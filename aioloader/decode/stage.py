@@ -59,6 +59,7 @@ class DecodeStage:
         local: Executor,
         on_restart: Callable[[int], None],
         meter: StageMeter | None = None,
+        forget: Callable[[], tuple[str, ...]] = tuple,
     ) -> None:
         self._decode = decode
         # Timed from a worker slot's grant to the result: the chunk's wait in the worker's
@@ -73,6 +74,7 @@ class DecodeStage:
         self._hot_lock: asyncio.Lock | None = None
         self._local = local
         self._on_restart = on_restart
+        self._forget = forget
         # One running and one queued task per worker; granted in epoch order once the pool
         # has started (created lazily: it binds to the loader's loop).
         self._slots: OrderedSlots | None = None
@@ -116,6 +118,7 @@ class DecodeStage:
             out,
             inputs.handle if inputs else None,
             inputs.layout.input if inputs else 0,
+            self._forget(),
         )
         outcomes: dict[int, Outcome] = {}
         crashes: dict[int, int] = {}

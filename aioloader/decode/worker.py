@@ -57,9 +57,9 @@ _decode: Callable[[bytes], Any] | None = None
 # its generator. Thread-local because the loader's own process also decodes on a thread
 # while its workers start (hot start), beside the trainer's own sample_rng() calls.
 _local = threading.local()
-# Slabs and input arenas this worker has mapped, by name (unique, unlike a /proc/<pid>/fd/<n> path), most
-# recent last. Bounded: a one-shot slab the loader has closed is freed only once every
-# process unmaps it.
+# Slabs and input arenas this worker has mapped, by name (unique, unlike a /proc/<pid>/fd/<n>
+# path), most recent last. A slab the loader has closed is freed only once every process
+# unmaps it: tasks name the ones closed lately (``Chunk.forget``), and the cache is bounded.
 _maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 _MAX_MAPS = 32
 _trim = heap.BurstTrim()
@@ -128,6 +128,15 @@ def _check_loaded() -> None:
         raise NotLoaded(_not_loaded)
 
 
+def _unmap(name: str) -> None:
+    m = _maps.pop(name, None)
+    if m is not None:
+        try:
+            m.close()
+        except BufferError:  # still viewed somewhere: garbage collection unmaps it
+            pass
+
+
 def _attach(handle: SegmentHandle) -> mmap.mmap:
     m = _maps.get(handle.name)
     if m is not None:
@@ -136,17 +145,15 @@ def _attach(handle: SegmentHandle) -> mmap.mmap:
     m = attach(handle)  # checks the file is that slab: fd numbers are reused
     _maps[handle.name] = m
     while len(_maps) > _MAX_MAPS:
-        _, old = _maps.popitem(last=False)
-        try:
-            old.close()
-        except BufferError:  # still viewed somewhere: garbage collection unmaps it
-            pass
+        _unmap(next(iter(_maps)))
     return m
 
 
 def run_chunk(chunk: Chunk) -> list[RowResult]:
     """Decode ``chunk`` with the installed ``decode`` (the task a worker runs)."""
     _check_loaded()
+    for name in chunk.forget:  # closed by the loader: its memory goes once nobody maps it
+        _unmap(name)
     try:
         m = _attach(chunk.slab) if chunk.slab is not None else None
         inputs = _attach(chunk.inputs) if chunk.inputs is not None else None

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
@@ -30,6 +30,7 @@ from aioloader.decode.stage import DecodeStage
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.failures import FailurePolicy
 from aioloader.engine.sizing import SizeTracker, chunk_size, pooled_arenas, pooled_slabs, window_size
+from aioloader.engine.tasks import Countdown, cancel, gather_or_cancel
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
 from aioloader.observe.stats import Counters
 from aioloader.plan.repack import Repacker
@@ -39,8 +40,6 @@ from aioloader.read.urls import is_remote
 from aioloader.tune.tuner import Tuner, memory_budget, trainer_pids
 
 __all__ = ["Engine", "chunk_size", "declared_layout", "pooled_arenas", "pooled_slabs", "window_size"]
-
-T = TypeVar("T")
 
 
 def declared_layout(decode: object) -> SampleLayout | None:
@@ -113,6 +112,7 @@ class Engine:
                 local=collate_pool,
                 on_restart=counters.set_worker_restarts,
                 meter=counters.meters["decode"],
+                forget=self._closed_slabs,
             )
         self._assembler = Assembler(
             dataset.labels, slabs, config.collate, config.zero_copy, collate_pool, counters.meters["collate"]
@@ -161,6 +161,11 @@ class Engine:
         if self._inputs is not None:
             self._inputs.set_pooled(pooled_arenas(io, self._cfg.batch_size))
 
+    def _closed_slabs(self) -> tuple[str, ...]:
+        """Slabs and arenas closed lately, that the workers still map (see ``Chunk.forget``)."""
+        pools = (self._slabs, self._inputs)
+        return tuple(name for pool in pools if pool is not None for name in pool.recently_closed())
+
     def _bytes_per_sample(self) -> int:
         """What a sample in flight holds: its file's share of the input arena and its
         decoded output."""
@@ -191,7 +196,7 @@ class Engine:
             await out.put(END)
         finally:
             if tuning is not None:
-                await _cancel([tuning])
+                await cancel([tuning])
 
     async def _run(self, plan: EpochPlan, out: asyncio.Queue[Item]) -> None:
         """Build up to ``window`` batches at once; deliver them in sampler order, or as they
@@ -234,7 +239,7 @@ class Engine:
             # LoaderError takes END's place, after every batch.
             self.policy.epoch_ended()
         finally:
-            await _cancel(building)
+            await cancel(building)
 
     async def _batch(self, plan: EpochPlan, k: int, on_read: Callable[[], None] | None = None) -> Batch:
         """Read, decode and assemble batch ``k``; ``on_read()`` once all its files are read."""
@@ -245,8 +250,8 @@ class Engine:
             results: list[RowResult | None] = [None] * len(indices)
             rows = range(len(indices))
             starts = range(0, len(indices), self.chunk)
-            read = _Countdown(len(starts), on_read)
-            await _gather_or_cancel(
+            read = Countdown(len(starts), on_read)
+            await gather_or_cancel(
                 self._chunk(plan.epoch, k, slab, inputs, indices, rows[i : i + self.chunk], results, read)
                 for i in starts
             )
@@ -276,7 +281,7 @@ class Engine:
         indices: list[int],
         rows: range,
         results: list[RowResult | None],
-        read: _Countdown,
+        read: Countdown,
     ) -> None:
         """Read the files of ``rows`` concurrently, then decode them in one worker task."""
         items: list[tuple[int, int, Any]]
@@ -357,40 +362,3 @@ class Engine:
         # malloc arenas (aioloader/base/heap.py): given back once the batches fit the slabs.
         if self._trim.saw(any(isinstance(r, Pickled) for r in results)):
             heap.trim()
-
-
-class _Countdown:
-    """Calls ``fn()`` on the ``n``-th :meth:`tick` (never without ``fn``)."""
-
-    def __init__(self, n: int, fn: Callable[[], None] | None) -> None:
-        self.left, self.fn = n, fn
-
-    def tick(self) -> None:
-        self.left -= 1
-        if self.left == 0 and self.fn is not None:
-            self.fn()
-
-
-async def _gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
-    """Like ``asyncio.gather``, but the first failure cancels the others (and is raised)."""
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for t in tasks:  # the first failure in batch order, so the error is deterministic
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
-        return [t.result() for t in tasks]
-    finally:
-        await _cancel(tasks)
-
-
-async def _cancel(tasks: Iterable[asyncio.Future[Any]]) -> None:
-    """Cancel ``tasks`` and wait until they are done (their own cleanup included)."""
-    pending = [t for t in tasks if not t.done()]
-    for t in pending:
-        t.cancel()
-    if pending:
-        await asyncio.wait(pending)
-    for t in tasks:  # mark results/exceptions as retrieved: no "never retrieved" warnings
-        if t.done() and not t.cancelled():
-            t.exception()
