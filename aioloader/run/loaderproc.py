@@ -280,8 +280,10 @@ class Host:
         producer = asyncio.get_running_loop().create_task(self.parts.engine.produce(plan, queue))
         try:
             while True:
-                item = await queue.get()
+                # A credit first: a batch finished while none is free stays in the engine's
+                # queue of one, and the engine does not start another (one slab fewer held).
                 await credits.acquire()
+                item = await queue.get()
                 try:
                     data = self._encode_item(run_id, item)
                     if data is not None:  # written by the sender thread, in order: awaited
