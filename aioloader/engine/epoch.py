@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,7 +29,7 @@ from aioloader.decode.stage import DecodeStage
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.failures import FailurePolicy
 from aioloader.engine.sizing import SizeTracker, chunk_size, pooled_arenas, pooled_slabs, window_size
-from aioloader.engine.tasks import Countdown, cancel, gather_or_cancel
+from aioloader.engine.tasks import cancel, gather_or_cancel
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
 from aioloader.observe.stats import Counters
 from aioloader.plan.repack import Repacker
@@ -48,6 +47,28 @@ def declared_layout(decode: object) -> SampleLayout | None:
     if shape is None:
         return None
     return SampleLayout.declared(shape, getattr(decode, "output_dtype", "uint8"))
+
+
+class _Opening:
+    """When the window opens at an epoch's start (see ``Engine._run``): once the first
+    batch's files are read and no layout is still to learn, or once that batch is done."""
+
+    def __init__(self, need_layout: bool) -> None:
+        self.event = asyncio.Event()
+        self.need_layout = need_layout
+        self.chunks = 0  # of the first batch, each counted down once read
+
+    def chunk_read(self) -> None:
+        self.chunks -= 1
+        self._check()
+
+    def layout_learned(self) -> None:
+        self.need_layout = False
+        self._check()
+
+    def _check(self) -> None:
+        if self.chunks == 0 and not self.need_layout:
+            self.event.set()
 
 
 class Engine:
@@ -216,12 +237,13 @@ class Engine:
                 # The epoch's first batch alone until its files are read: its decodes take the
                 # workers before the next batch's can (the trainer waits for it, and without
                 # this a chunk of batch 1 read sooner would run ahead of batch 0's last one).
-                # Then the window opens, while batch 0 decodes.
-                read = asyncio.Event()
-                first = asyncio.ensure_future(self._batch(plan, todo.popleft(), read.set))
-                first.add_done_callback(lambda _: read.set())
+                # While the slabs' layout is unknown, also until its first chunk teaches it:
+                # batch 1 then decodes into rows, not pickled. Then the window opens.
+                opening = _Opening(self._slabs is not None and not self._layout.known)
+                first = asyncio.ensure_future(self._batch(plan, todo.popleft(), opening))
+                first.add_done_callback(lambda _: opening.event.set())
                 building.append(first)
-                await read.wait()
+                await opening.event.wait()
             while todo or building:
                 while todo and len(building) < self.window:
                     building.append(asyncio.ensure_future(self._batch(plan, todo.popleft())))
@@ -241,8 +263,8 @@ class Engine:
         finally:
             await cancel(building)
 
-    async def _batch(self, plan: EpochPlan, k: int, on_read: Callable[[], None] | None = None) -> Batch:
-        """Read, decode and assemble batch ``k``; ``on_read()`` once all its files are read."""
+    async def _batch(self, plan: EpochPlan, k: int, opening: _Opening | None = None) -> Batch:
+        """Read, decode and assemble batch ``k`` (``opening``: the epoch's first batch)."""
         indices: list[int] = plan.batch(k).tolist()
         slab = self._slabs.acquire() if self._slabs is not None else None
         inputs = self._inputs.acquire() if self._inputs is not None else None
@@ -250,9 +272,10 @@ class Engine:
             results: list[RowResult | None] = [None] * len(indices)
             rows = range(len(indices))
             starts = range(0, len(indices), self.chunk)
-            read = Countdown(len(starts), on_read)
+            if opening is not None:
+                opening.chunks = len(starts)
             await gather_or_cancel(
-                self._chunk(plan.epoch, k, slab, inputs, indices, rows[i : i + self.chunk], results, read)
+                self._chunk(plan.epoch, k, slab, inputs, indices, rows[i : i + self.chunk], results, opening)
                 for i in starts
             )
             if inputs is not None:  # decoded: the file bytes are no longer needed
@@ -281,7 +304,7 @@ class Engine:
         indices: list[int],
         rows: range,
         results: list[RowResult | None],
-        read: Countdown,
+        opening: _Opening | None = None,
     ) -> None:
         """Read the files of ``rows`` concurrently, then decode them in one worker task."""
         items: list[tuple[int, int, Any]]
@@ -297,7 +320,8 @@ class Engine:
         else:
             sources = await self._read(indices, rows, inputs)
             items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
-        read.tick()
+        if opening is not None:
+            opening.chunk_read()
         if not items:
             return
         if self._decoder is None:  # decode=None: the sample is the file's bytes
@@ -312,6 +336,11 @@ class Engine:
                 self.policy.failed(outcome)
             else:
                 results[r] = outcome
+        if opening is not None and opening.need_layout:  # learnt from this chunk alone
+            self._observe([o for o in outcomes if not isinstance(o, SampleError)], slab)
+            self._plan_slabs()
+            if self._layout.known:
+                opening.layout_learned()
 
     async def _read(
         self, indices: list[int], rows: range | list[int], inputs: Slab | None
@@ -344,6 +373,16 @@ class Engine:
         """Feed the layout tracker with this batch's samples; plan the next slabs."""
         if slab is None:
             return
+        self._observe(results, slab)
+        self._plan_slabs()
+        # Samples that crossed from the workers pickled leave megabytes in this process's
+        # malloc arenas (aioloader/base/heap.py): given back once the batches fit the slabs.
+        if self._trim.saw(any(isinstance(r, Pickled) for r in results)):
+            heap.trim()
+
+    def _observe(self, results: list[RowResult | None] | list[RowResult], slab: Slab | None) -> None:
+        if slab is None:
+            return
         misses = []
         fitted = 0
         for res in results:
@@ -357,8 +396,3 @@ class Engine:
                 misses.append((treedef, specs))
         if misses or not self._layout.known:
             self._layout.observe(misses, fitted, slab.layout.sample)
-        self._plan_slabs()
-        # Samples that crossed from the workers pickled leave megabytes in this process's
-        # malloc arenas (aioloader/base/heap.py): given back once the batches fit the slabs.
-        if self._trim.saw(any(isinstance(r, Pickled) for r in results)):
-            heap.trim()

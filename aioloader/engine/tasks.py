@@ -1,27 +1,14 @@
-"""The engine's asyncio helpers: tasks that fail together, tasks cancelled and awaited, a
-countdown."""
+"""The engine's asyncio helpers: tasks that fail together, tasks cancelled and awaited."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["Countdown", "cancel", "gather_or_cancel"]
+__all__ = ["cancel", "gather_or_cancel"]
 
 T = TypeVar("T")
-
-
-class Countdown:
-    """Calls ``fn()`` on the ``n``-th :meth:`tick` (never without ``fn``)."""
-
-    def __init__(self, n: int, fn: Callable[[], None] | None) -> None:
-        self.left, self.fn = n, fn
-
-    def tick(self) -> None:
-        self.left -= 1
-        if self.left == 0 and self.fn is not None:
-            self.fn()
 
 
 async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
