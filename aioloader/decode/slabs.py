@@ -196,6 +196,12 @@ class SlabPool:
         self._gone: deque[tuple[float, str]] = deque(maxlen=64)
 
     @property
+    def sample(self) -> SampleLayout | None:
+        """The rows layout the next slabs get (see :meth:`want`)."""
+        with self._lock:
+            return self._sample
+
+    @property
     def live(self) -> int:
         """Segments that exist now (free, in the pipeline, or held by the trainer)."""
         with self._lock:

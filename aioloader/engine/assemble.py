@@ -10,6 +10,10 @@ Three ways, cheapest first:
    output area), plain leaves as they came back, pickled samples as they are, and the
    collate function (default or the user's) runs on the collate thread. The slab lives as
    long as any view of it; with ``zero_copy=False`` the views are copied out first.
+   Samples that came back pickled (decoded before the layout was learned: the first
+   batches) but have the layout learned since are written into a new slab's rows on the
+   collate thread instead, under the default collate: the batch is then a slab view like
+   the others, and a loader process sends it as one (no spill, :mod:`aioloader.run.wire`).
 3. Without a slab (no decoding, no shared memory) samples are the values themselves; file
    bytes (``decode=None``) under the default collate are the batch as they are, with no
    hop to the collate thread.
@@ -33,6 +37,7 @@ from aioloader.collate import collate_leaves, default_collate, plain_batch
 from aioloader.decode.layout import ArraySpec
 from aioloader.decode.protocol import ArrayRef, InArea, Pickled, RowResult, Written
 from aioloader.decode.slabs import Slab, SlabPool
+from aioloader.decode.worker import RowWriter
 from aioloader.errors import LoaderError
 from aioloader.observe.stages import StageMeter
 
@@ -89,6 +94,14 @@ class Assembler:
             finally:
                 self._meter.leave(entered)
             return Batch(index=k, value=value if labels is None else (value, labels), size=len(kept)), slab
+        if self._custom is None and slab is not None and all(isinstance(results[r], Pickled) for r in kept):
+            loop = asyncio.get_running_loop()
+            moved = await loop.run_in_executor(self._pool, self._into_rows, results, kept)
+            if moved is not None:
+                self._release(slab)
+                value, slab = moved
+                value = value if labels is None else (value, labels)
+                return Batch(index=k, value=value, size=len(kept)), slab
         samples, slab = self._samples(results, kept, slab)
         plain = plain_batch(samples) if self._custom is None and slab is None else None
         if plain is not None:  # file bytes (decode=None): the list is the batch, here and now
@@ -109,6 +122,34 @@ class Assembler:
         entered = self._meter.enter()
         try:
             return self._collate(samples)
+        finally:
+            self._meter.leave(entered)
+
+    def _into_rows(self, results: list[RowResult | None], kept: list[int]) -> tuple[Any, Slab | None] | None:
+        """The kept pickled samples written into the rows of a new slab of the layout learned
+        since, then handed out as its blocks; None when there is none or one does not fit."""
+        assert self._slabs is not None
+        if self._slabs.sample is None:
+            return None
+        entered = self._meter.enter()
+        slab = self._slabs.acquire()
+        try:
+            if slab.layout.sample is None:
+                self._release(slab)
+                return None
+            writer = RowWriter(slab.mmap, slab.layout, None)
+            written: list[RowResult | None] = []
+            for row, r in enumerate(kept):
+                res = writer.put(row, results[r].value)  # type: ignore[union-attr]
+                if not isinstance(res, Written):
+                    self._release(slab)
+                    return None
+                written.append(res)
+            del writer
+            return self._from_blocks(written, list(range(len(kept))), slab)
+        except BaseException:
+            self._release(slab)
+            raise
         finally:
             self._meter.leave(entered)
 

@@ -29,7 +29,7 @@ from aioloader.decode.stage import DecodeStage
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.failures import FailurePolicy
 from aioloader.engine.sizing import SizeTracker, chunk_size, pooled_arenas, pooled_slabs, window_size
-from aioloader.engine.tasks import cancel, gather_or_cancel
+from aioloader.engine.tasks import Opening, cancel, gather_or_cancel
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
 from aioloader.observe.stats import Counters
 from aioloader.plan.repack import Repacker
@@ -47,28 +47,6 @@ def declared_layout(decode: object) -> SampleLayout | None:
     if shape is None:
         return None
     return SampleLayout.declared(shape, getattr(decode, "output_dtype", "uint8"))
-
-
-class _Opening:
-    """When the window opens at an epoch's start (see ``Engine._run``): once the first
-    batch's files are read and no layout is still to learn, or once that batch is done."""
-
-    def __init__(self, need_layout: bool) -> None:
-        self.event = asyncio.Event()
-        self.need_layout = need_layout
-        self.chunks = 0  # of the first batch, each counted down once read
-
-    def chunk_read(self) -> None:
-        self.chunks -= 1
-        self._check()
-
-    def layout_learned(self) -> None:
-        self.need_layout = False
-        self._check()
-
-    def _check(self) -> None:
-        if self.chunks == 0 and not self.need_layout:
-            self.event.set()
 
 
 class Engine:
@@ -233,20 +211,19 @@ class Engine:
             else None
         )
         try:
-            if todo:
-                # The epoch's first batch alone until its files are read: its decodes take the
-                # workers before the next batch's can (the trainer waits for it, and without
-                # this a chunk of batch 1 read sooner would run ahead of batch 0's last one).
-                # While the slabs' layout is unknown, also until its first chunk teaches it:
-                # batch 1 then decodes into rows, not pickled. Then the window opens.
-                opening = _Opening(self._slabs is not None and not self._layout.known)
-                first = asyncio.ensure_future(self._batch(plan, todo.popleft(), opening))
-                first.add_done_callback(lambda _: opening.event.set())
-                building.append(first)
-                await opening.event.wait()
+            # Every batch of the window reads at once, but the later ones decode only once the
+            # epoch's first batch has all its files read (its decodes then take the workers
+            # first: the trainer waits for it) and, while the slabs' layout is unknown, its
+            # first chunk has taught it (the later batches then decode into rows).
+            opening = Opening(self._slabs is not None and not self._layout.known)
             while todo or building:
                 while todo and len(building) < self.window:
-                    building.append(asyncio.ensure_future(self._batch(plan, todo.popleft())))
+                    first = not opening.started
+                    opening.started = True
+                    task = asyncio.ensure_future(self._batch(plan, todo.popleft(), opening, first))
+                    if first:
+                        task.add_done_callback(lambda _: opening.event.set())
+                    building.append(task)
                 if cfg.ordered:
                     task = building[0]
                     await task
@@ -263,35 +240,41 @@ class Engine:
         finally:
             await cancel(building)
 
-    async def _batch(self, plan: EpochPlan, k: int, opening: _Opening | None = None) -> Batch:
-        """Read, decode and assemble batch ``k`` (``opening``: the epoch's first batch)."""
+    async def _batch(
+        self, plan: EpochPlan, k: int, opening: Opening | None = None, first: bool = True
+    ) -> Batch:
+        """Read, decode and assemble batch ``k``, the epoch's ``first`` or a later one."""
         indices: list[int] = plan.batch(k).tolist()
-        slab = self._slabs.acquire() if self._slabs is not None else None
+        # The rows slab: taken now by the first batch; by a later one when its first chunk
+        # is to be decoded, once the epoch's opening is open (see _run: the layout it gets).
+        box = [self._slabs.acquire() if self._slabs is not None and first else None]
         inputs = self._inputs.acquire() if self._inputs is not None else None
         try:
             results: list[RowResult | None] = [None] * len(indices)
             rows = range(len(indices))
             starts = range(0, len(indices), self.chunk)
-            if opening is not None:
+            if first and opening is not None:
                 opening.chunks = len(starts)
             await gather_or_cancel(
-                self._chunk(plan.epoch, k, slab, inputs, indices, rows[i : i + self.chunk], results, opening)
+                self._chunk(
+                    plan.epoch, k, box, inputs, indices, rows[i : i + self.chunk], results, opening, first
+                )
                 for i in starts
             )
             if inputs is not None:  # decoded: the file bytes are no longer needed
                 self._inputs.release(inputs)  # type: ignore[union-attr]
                 inputs = None
-            self._learn(results, slab)
-            batch, slab = await self._assembler.assemble(k, indices, results, slab)
+            self._learn(results, box[0])
+            batch, box[0] = await self._assembler.assemble(k, indices, results, box[0])
             return batch
         except BaseException:
-            for written in (slab, inputs):  # a worker or a read may still write into it
+            for written in (box[0], inputs):  # a worker or a read may still write into it
                 if written is not None:
                     written.tainted = True  # never reused
             raise
         finally:
-            if slab is not None:
-                self._slabs.release(slab)  # type: ignore[union-attr]
+            if box[0] is not None:
+                self._slabs.release(box[0])  # type: ignore[union-attr]
             if inputs is not None:
                 self._inputs.release(inputs)  # type: ignore[union-attr]
 
@@ -299,12 +282,13 @@ class Engine:
         self,
         epoch: int,
         k: int,
-        slab: Slab | None,
+        box: list[Slab | None],
         inputs: Slab | None,
         indices: list[int],
         rows: range,
         results: list[RowResult | None],
-        opening: _Opening | None = None,
+        opening: Opening | None,
+        first: bool,
     ) -> None:
         """Read the files of ``rows`` concurrently, then decode them in one worker task."""
         items: list[tuple[int, int, Any]]
@@ -320,7 +304,7 @@ class Engine:
         else:
             sources = await self._read(indices, rows, inputs)
             items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
-        if opening is not None:
+        if first and opening is not None:
             opening.chunk_read()
         if not items:
             return
@@ -328,6 +312,11 @@ class Engine:
             for r, _, src in items:
                 results[r] = Pickled(src)
             return
+        if not first and opening is not None:
+            await opening.event.wait()
+        if box[0] is None and self._slabs is not None:
+            box[0] = self._slabs.acquire()
+        slab = box[0]
         per_sample = self._layout.out_bytes_per_sample()
         share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
         outcomes = await self._decoder.run(epoch, k, slab, items, share, inputs)
@@ -336,7 +325,7 @@ class Engine:
                 self.policy.failed(outcome)
             else:
                 results[r] = outcome
-        if opening is not None and opening.need_layout:  # learnt from this chunk alone
+        if first and opening is not None and opening.need_layout:  # learnt from this chunk alone
             self._observe([o for o in outcomes if not isinstance(o, SampleError)], slab)
             self._plan_slabs()
             if self._layout.known:

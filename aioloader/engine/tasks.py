@@ -1,4 +1,5 @@
-"""The engine's asyncio helpers: tasks that fail together, tasks cancelled and awaited."""
+"""The engine's asyncio helpers: tasks that fail together, tasks cancelled and awaited, and
+the opening of an epoch (when its later batches may decode)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,33 @@ import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
-__all__ = ["cancel", "gather_or_cancel"]
+__all__ = ["Opening", "cancel", "gather_or_cancel"]
 
 T = TypeVar("T")
+
+
+class Opening:
+    """When an epoch's later batches may decode (see ``Engine._run``): once its first batch
+    has all its files read and no layout is still to learn from it, or once it is done
+    (whoever runs it sets :attr:`event` then). Loop-bound."""
+
+    def __init__(self, need_layout: bool) -> None:
+        self.event = asyncio.Event()
+        self.need_layout = need_layout
+        self.started = False  # the first batch is under way
+        self.chunks = 0  # of the first batch still reading
+
+    def chunk_read(self) -> None:
+        self.chunks -= 1
+        self._check()
+
+    def layout_learned(self) -> None:
+        self.need_layout = False
+        self._check()
+
+    def _check(self) -> None:
+        if self.chunks == 0 and not self.need_layout:
+            self.event.set()
 
 
 async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:
