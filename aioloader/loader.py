@@ -104,7 +104,7 @@ class Loader:
             loader process by default (``loader_process``).
         zero_copy: decoded arrays and tensors (alone or nested in dicts, tuples, lists) are
             written by the workers into shared-memory batch slabs; once the loader has learned
-            the samples' layout (from the first batch, or a declared ``output_shape``), each
+            the samples' layout (from the first decode task, or a declared ``output_shape``), each
             batch tensor *is* its slab, and samples of varying shapes reach a custom
             ``collate`` as views of it. A slab is reused once the last tensor or view of it is
             garbage. False copies each batch (or each sample, for a custom collate) out into

@@ -70,6 +70,30 @@ def test_slab_views_cross_as_references_and_come_back_as_views() -> None:
     assert released == [0]
 
 
+def test_a_numpy_view_alone_keeps_its_slab() -> None:
+    """A NumPy leaf (a custom collate's view of the output area, say) is all the trainer
+    keeps: the slab is reported free only once that view is garbage, never before (a slab
+    reported free is reused by a later batch, which would overwrite the view)."""
+    m = mmap.mmap(-1, 1 << 16)
+    base = np.frombuffer(m, dtype=np.uint8)
+    arr = base[512 : 512 + 24].view(np.int16).reshape(4, 3)
+    arr[:] = np.arange(12, dtype=np.int16).reshape(4, 3)
+    released: list[int] = []
+    back, _ = roundtrip([arr, arr[1:, ::2]], m, released)
+    view, strided = back
+    del back
+    gc.collect()
+    assert released == []
+    assert np.array_equal(view, arr) and inside(view, m) and view.flags.writeable
+    assert np.array_equal(strided, arr[1:, ::2]) and strided.strides == arr[1:, ::2].strides
+    del view
+    gc.collect()
+    assert released == []  # the strided one still views it
+    del strided
+    gc.collect()
+    assert released == [0]
+
+
 @pytest.mark.parametrize(
     "leaf",
     [

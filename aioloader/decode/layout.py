@@ -7,7 +7,7 @@ numpy or torch) per array leaf. When every sample of a batch has the same layout
 array leaf gets a block of ``batch_size`` rows in the slab, a worker writes the sample's
 arrays into its row, and the block *is* the collated batch (zero-copy).
 
-:class:`LayoutTracker` learns that layout from the first batch (or takes a declared
+:class:`LayoutTracker` learns that layout from the first decode task (or takes a declared
 ``output_shape``), and falls back to a per-chunk output area of the slab when shapes vary:
 samples then reach the collate as views of shared memory. Nothing is declared by the user.
 

@@ -222,7 +222,7 @@ class Engine:
                     opening.started = True
                     task = asyncio.ensure_future(self._batch(plan, todo.popleft(), opening, first))
                     if first:
-                        task.add_done_callback(lambda _: opening.event.set())
+                        task.add_done_callback(lambda _: opening.open())
                     building.append(task)
                 if cfg.ordered:
                     task = building[0]
@@ -313,7 +313,7 @@ class Engine:
                 results[r] = Pickled(src)
             return
         if not first and opening is not None:
-            await opening.event.wait()
+            await opening.wait((k, rows[0]))
         if box[0] is None and self._slabs is not None:
             box[0] = self._slabs.acquire()
         slab = box[0]

@@ -4,6 +4,8 @@ the opening of an epoch (when its later batches may decode)."""
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
@@ -15,13 +17,33 @@ T = TypeVar("T")
 class Opening:
     """When an epoch's later batches may decode (see ``Engine._run``): once its first batch
     has all its files read and no layout is still to learn from it, or once it is done
-    (whoever runs it sets :attr:`event` then). Loop-bound."""
+    (whoever runs it calls :meth:`open` then). Waiters go on in ``key`` order, smallest
+    first, so the decode slots they ask for next are granted in epoch order too (see
+    :mod:`aioloader.decode.slots`). Loop-bound."""
 
     def __init__(self, need_layout: bool) -> None:
-        self.event = asyncio.Event()
         self.need_layout = need_layout
         self.started = False  # the first batch is under way
         self.chunks = 0  # of the first batch still reading
+        self.is_open = False
+        self._waiters: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    async def wait(self, key: tuple[int, ...]) -> None:
+        if self.is_open:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (key, next(self._seq), fut))
+        await fut
+
+    def open(self) -> None:
+        if self.is_open:
+            return
+        self.is_open = True
+        while self._waiters:  # resumed in this order
+            _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
 
     def chunk_read(self) -> None:
         self.chunks -= 1
@@ -33,7 +55,7 @@ class Opening:
 
     def _check(self) -> None:
         if self.chunks == 0 and not self.need_layout:
-            self.event.set()
+            self.open()
 
 
 async def gather_or_cancel(aws: Iterable[Awaitable[T]]) -> list[T]:

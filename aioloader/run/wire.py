@@ -201,8 +201,14 @@ def decode(
 
 def _view(owner: np.ndarray[Any, Any], ref: SlabRef) -> Any:
     if not ref.torch:
+        # From a slice of the owner, so the view's base chain holds the owner and its
+        # finalizer waits for the view. (``np.ndarray(buffer=owner)`` would take the owner's
+        # base instead: the slab was reported free, and reused, while the view lived.)
         dtype = np.dtype(ref.dtype)
-        return np.ndarray(ref.shape, dtype, buffer=owner, offset=ref.offset, strides=ref.strides)
+        span = _span(ref.shape, ref.strides, dtype.itemsize)
+        assert span is not None
+        raw = owner[ref.offset : ref.offset + span].view(np.ndarray).view(dtype)
+        return np.lib.stride_tricks.as_strided(raw, ref.shape, ref.strides, writeable=True)
     torch = sys.modules["torch"]
     dtype = getattr(torch, ref.dtype)
     itemsize = torch.empty((), dtype=dtype).element_size()
