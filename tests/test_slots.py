@@ -106,3 +106,47 @@ async def test_a_closed_pool_opens_with_the_limit_set_meanwhile() -> None:
     for _ in range(3):
         slots.release()
     await asyncio.wait_for(got[3], timeout=5)
+
+
+async def test_an_epochs_opening_lets_later_batches_on_in_epoch_order() -> None:
+    """The engine's Opening (aioloader/engine/tasks.py): a later batch's chunk, its files
+    read, waits until the first batch's files are all read and its first chunk taught the
+    layout; then the waiters go on smallest key first, and ask for open decode slots in
+    that order (the slots grant at once while free: the order they ask in is the order)."""
+    from aioloader.engine.tasks import Opening
+
+    opening = Opening(need_layout=True)
+    opening.chunks = 2  # the first batch's two chunks
+    slots = OrderedSlots(2)
+    granted: list[int] = []
+
+    async def later(k: int) -> None:
+        await opening.wait((k, 0))
+        async with slots.slot((k, 0)):
+            granted.append(k)
+            await asyncio.sleep(0.01)
+
+    tasks = [asyncio.ensure_future(later(k)) for k in (7, 2, 5, 1)]  # reads finished out of order
+    await asyncio.sleep(0)
+    opening.chunk_read()
+    opening.chunk_read()  # every file of the first batch read, its layout still unknown
+    await asyncio.sleep(0.005)
+    assert granted == [] and not opening.is_open
+    opening.layout_learned()
+    assert opening.is_open
+    await asyncio.gather(*tasks)
+    assert granted == [1, 2, 5, 7]
+    await opening.wait((0, 0))  # once open, never waits
+
+
+async def test_an_opening_opens_when_the_first_batch_ends_whatever_it_learned() -> None:
+    from aioloader.engine.tasks import Opening
+
+    opening = Opening(need_layout=True)
+    opening.chunks = 1
+    waiter = asyncio.ensure_future(opening.wait((3, 0)))
+    opening.chunk_read()
+    await asyncio.sleep(0)
+    assert not waiter.done()  # every sample of the first batch failed: no layout to learn
+    opening.open()  # the first batch is done
+    await asyncio.wait_for(waiter, 1)
