@@ -186,11 +186,14 @@ class Segment:
             os.close(self._fd)
             self._fd = -1
             return
+        # Untracked, then unlinked: a kill between the two leaves a name in /dev/shm, which
+        # the trainer (or ``aioloader doctor``) finds by its pid and removes; the other way
+        # round would leave the tracker a name it can no longer find, and a warning at exit.
+        _untrack(self.handle.name)
         try:
             os.unlink(self.handle.path)
         except FileNotFoundError:
             pass
-        _untrack(self.handle.name)
 
 
 def _no_memory(size: int, how: str, exc: OSError) -> LoaderError:

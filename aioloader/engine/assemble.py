@@ -94,7 +94,13 @@ class Assembler:
             finally:
                 self._meter.leave(entered)
             return Batch(index=k, value=value if labels is None else (value, labels), size=len(kept)), slab
-        if self._custom is None and slab is not None and all(isinstance(results[r], Pickled) for r in kept):
+        if (
+            self._custom is None
+            and slab is not None
+            and self._slabs is not None
+            and self._slabs.sample is not None  # a layout learned since: no hop without one
+            and all(isinstance(results[r], Pickled) for r in kept)
+        ):
             loop = asyncio.get_running_loop()
             moved = await loop.run_in_executor(self._pool, self._into_rows, results, kept)
             if moved is not None:
@@ -129,8 +135,6 @@ class Assembler:
         """The kept pickled samples written into the rows of a new slab of the layout learned
         since, then handed out as its blocks; None when there is none or one does not fit."""
         assert self._slabs is not None
-        if self._slabs.sample is None:
-            return None
         entered = self._meter.enter()
         slab = self._slabs.acquire()
         try:

@@ -216,13 +216,13 @@ class Engine:
             # first: the trainer waits for it) and, while the slabs' layout is unknown, its
             # first chunk has taught it (the later batches then decode into rows).
             opening = Opening(self._slabs is not None and not self._layout.known)
+            first = True
             while todo or building:
                 while todo and len(building) < self.window:
-                    first = not opening.started
-                    opening.started = True
                     task = asyncio.ensure_future(self._batch(plan, todo.popleft(), opening, first))
                     if first:
                         task.add_done_callback(lambda _: opening.open())
+                        first = False
                     building.append(task)
                 if cfg.ordered:
                     task = building[0]
@@ -326,6 +326,7 @@ class Engine:
             else:
                 results[r] = outcome
         if first and opening is not None and opening.need_layout:  # learnt from this chunk alone
+            assert slab is not None  # a layout is only to learn where there are slabs
             self._observe([o for o in outcomes if not isinstance(o, SampleError)], slab)
             self._plan_slabs()
             if self._layout.known:
@@ -369,9 +370,7 @@ class Engine:
         if self._trim.saw(any(isinstance(r, Pickled) for r in results)):
             heap.trim()
 
-    def _observe(self, results: list[RowResult | None] | list[RowResult], slab: Slab | None) -> None:
-        if slab is None:
-            return
+    def _observe(self, results: list[RowResult | None] | list[RowResult], slab: Slab) -> None:
         misses = []
         fitted = 0
         for res in results:

@@ -23,7 +23,6 @@ class Opening:
 
     def __init__(self, need_layout: bool) -> None:
         self.need_layout = need_layout
-        self.started = False  # the first batch is under way
         self.chunks = 0  # of the first batch still reading
         self.is_open = False
         self._waiters: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []

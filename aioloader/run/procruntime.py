@@ -168,12 +168,12 @@ class _Channel:
 class PipeRun:
     """One pass over an epoch, served from the loader process (the bridge's run)."""
 
-    def __init__(self, channel: _Channel, run_id: int, exitcode: Any) -> None:
+    def __init__(self, channel: _Channel, run_id: int, proc: Any) -> None:
         self.id = run_id
         self.handoff: Handoff[Item] = Handoff(1)
         self.cancelled = False
         self._channel = channel
-        self._exitcode = exitcode
+        self._proc = proc  # the loader process
         self._lock = threading.Lock()
 
     def next_ready(self) -> Item | None:
@@ -183,17 +183,25 @@ class PipeRun:
             msg = ch.recv()
             if msg is None:
                 if ch.eof and not self.cancelled:
-                    return Failure(
-                        LoaderError(f"the loader process exited unexpectedly (exit code {self._exitcode()})")
-                    )
+                    return self._exited()
                 continue
             if msg[1] != self.id:
                 ch.discard(msg)
                 continue
             if msg[0] == "item":
                 ch.back(b"C %d" % self.id)  # taken: the loader process may send one more
-            return ch.to_item(msg)
+            item = ch.to_item(msg)
+            # A batch sent just before the loader process was killed: its slabs went with it.
+            # That the process died is the error to report, not the slab it took along.
+            if msg[0] == "item" and isinstance(item, Failure) and connection.wait([self._proc.sentinel], 1.0):
+                return self._exited()
+            return item
         return None
+
+    def _exited(self) -> Failure:
+        return Failure(
+            LoaderError(f"the loader process exited unexpectedly (exit code {self._proc.exitcode})")
+        )
 
     def cancel(self) -> None:
         with self._lock:
@@ -287,7 +295,7 @@ class ProcessRuntime(runtime.RuntimeBase):
                 self._restores = self.counters.restores
                 failures, attempted = self.counters.failure_counts_by_reason()
                 restore = (failures, attempted)
-            run = PipeRun(self.channel, self._ids, lambda: self.proc.exitcode)
+            run = PipeRun(self.channel, self._ids, self.proc)
             self.channel.control(("run", run.id, plan.epoch, resume, restore))
             self.bridge.serve(run)
             self.run = run
@@ -343,6 +351,10 @@ def _remove_leftovers(pid: int | None) -> None:
     removed, _ = doctor.remove([e for e in doctor.scan() if e.pid == pid])
     for entry in removed:
         if entry.kind == "semaphore":  # sem.mp-aioloader-<pid>-x is POSIX semaphore /mp-aioloader-<pid>-x
-            resource_tracker.unregister("/" + entry.name.removeprefix("sem."), "semaphore")
+            name, rtype = "/" + entry.name.removeprefix("sem."), "semaphore"
         else:
-            resource_tracker.unregister("/" + entry.name, "shared_memory")
+            name, rtype = "/" + entry.name, "shared_memory"
+        # Registered, then unregistered: whether or not the process had registered it (it may
+        # have been killed between untracking a segment and unlinking it), it is not after.
+        resource_tracker.register(name, rtype)
+        resource_tracker.unregister(name, rtype)
