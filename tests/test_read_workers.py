@@ -141,6 +141,55 @@ def test_groups_share_the_workers_and_a_dead_one_is_left_out(files: list[str]) -
     assert all(a is None for a in last)
 
 
+def test_a_worker_reads_the_next_group_while_the_loop_takes_the_last(files: list[str]) -> None:
+    """One worker is sent two groups before it answers the first, each into a part of its
+    buffer of its own: both come back whole, in order. A group whose wait was cancelled
+    does not hand its bytes to the next; the part is used again by a third group."""
+    workers = started(1)
+    g1, g2, g3 = files[:8], files[8:16], files[16:]
+
+    async def go() -> tuple[int, Any, Any, Any]:
+        first = asyncio.ensure_future(workers.read(g1))
+        second = asyncio.ensure_future(workers.read(g2))
+        await asyncio.sleep(0)  # both sent, neither answered yet
+        in_flight = max(len(w.sent) for w in workers._all)
+        first.cancel()
+        got2 = await second
+        got3 = await workers.read(g3)
+        again = await asyncio.gather(workers.read(g1), workers.read(g2))
+        return in_flight, got2, got3, again
+
+    try:
+        in_flight, got2, got3, again = on_loop(go)
+    finally:
+        workers.close()
+    assert in_flight == readproc.PARTS == 2
+    assert got2[0] == [Path(p).read_bytes() for p in g2]
+    assert got3[0] == [Path(p).read_bytes() for p in g3]
+    assert [a[0] for a in again] == [[Path(p).read_bytes() for p in g] for g in (g1, g2)]
+
+
+def test_a_worker_killed_with_groups_in_flight_fails_each_of_them(files: list[str], tmp_path: Path) -> None:
+    """Both groups sent to a worker that dies come back None (the reader reads them on the
+    loop); nothing waits for ever. The first group holds the worker on a FIFO with no
+    writer (its open blocks), so neither is answered before the kill."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    workers = started(1)
+
+    async def go() -> list[Any]:
+        reads = [asyncio.ensure_future(workers.read(g)) for g in ([str(fifo)], files)]
+        await asyncio.sleep(0.2)  # the worker is in the FIFO's open
+        os.kill(workers.pids()[0], signal.SIGKILL)
+        return await asyncio.wait_for(asyncio.gather(*reads), 30)
+
+    try:
+        got = on_loop(go)
+    finally:
+        workers.close()
+    assert got == [None, None]
+
+
 def test_a_reader_with_workers_reads_like_one_without(files: list[str], tmp_path: Path) -> None:
     """Through ``FileReader.fetch_many``: the same bytes and the same ReadErrors naming
     their files, the groups read by the workers (their reads counted once each)."""

@@ -1,9 +1,11 @@
 """What runs in a reader process (:mod:`aioloader.read.workers`): groups of paths in, each
-file read into the process's shared buffer, where each one is sent back.
+file read into one part of the process's shared buffer, where each one is sent back.
 
-The process holds its buffer and its pipe, nothing else: it reads what it is sent, answers
-and waits for the next group, until the pipe closes (the loader closed) or its parent is gone
-(:mod:`aioloader.safety.lifeline`).
+The process holds its buffer and its pipe, nothing else: it reads what it is sent, in the
+order sent, answers and takes the next group, until the pipe closes (the loader closed) or its
+parent is gone (:mod:`aioloader.safety.lifeline`). The buffer has :data:`PARTS` parts, so the
+loader sends the next group while this one is read, into another part: the process does not
+wait a round trip between groups.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from aioloader.read.blocking import HINT_MAX, MOUNTS, ReadPace, named, read_file
 from aioloader.read.urls import local_path
 from aioloader.safety import lifeline
 
-__all__ = ["Answer", "main", "read_into"]
+__all__ = ["PARTS", "Answer", "main", "read_into"]
+
+#: Groups a process may be sent before it answers the first: one read, one waiting in the
+#: pipe. Each has a part of the buffer, until the loop has copied its files out.
+PARTS = 2
 
 #: A group's answer: each file's ``(offset, length)`` in the buffer (or its bytes, or its
 #: ``OSError``), whether the last read was slow, and how long each read took.
@@ -29,7 +35,8 @@ Answer = tuple[list[Any], bool, list[float]]
 
 def main(conn: Connection, handle: SegmentHandle) -> None:
     """A reader process's life (the ``target`` it is started with): read each group it is
-    sent into the buffer ``handle`` names, answer, until the pipe closes."""
+    sent, ``(part, paths)``, into that part of the buffer ``handle`` names (offsets in the
+    answer are the part's), answer, until the pipe closes."""
     lifeline.become("worker")
     lifeline.follow_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer owns shutdown
@@ -37,12 +44,14 @@ def main(conn: Connection, handle: SegmentHandle) -> None:
         buf = memoryview(attach(handle))
     except OSError:  # closed before this process came up
         return
+    size = len(buf) // PARTS
+    parts = [buf[i * size : (i + 1) * size] for i in range(PARTS)]
     while True:
         try:
-            paths: list[str] = pickle.loads(conn.recv_bytes())
+            part, paths = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        answer = read_into(buf, paths, ReadPace())
+        answer = read_into(parts[part], paths, ReadPace())
         try:
             conn.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:  # the loader closed while this group was read: nobody waits for it

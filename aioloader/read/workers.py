@@ -5,8 +5,14 @@ few KB costs a few microseconds of system calls, all on the loop's core. Here a 
 files (:func:`~aioloader.read.routing.route` says when) goes to one of a few processes
 forked by the zygote, which reads them one after another into a shared-memory buffer of its
 own and answers with where each one is; the loop copies each file's bytes out (a ``bytes``
-per file, as a read on the loop would give) and the buffer is the worker's again. The
-loop's thread does no system call per file, so it tends the batches meanwhile.
+per file, as a read on the loop would give) and that part of the buffer is the worker's
+again. The loop's thread does no system call per file, so it tends the batches meanwhile.
+
+A worker is sent up to :data:`~aioloader.read.readproc.PARTS` groups at once, each into a
+part of its buffer of its own, and answers them in order: while the loop copies one group
+out and sends the next, the worker is already reading the one after. One group at a time
+left the worker idle for a round trip after each (the answer's wake-up on the loop, the
+copies, the next send), a third of its time on two cores.
 
 A worker (:mod:`aioloader.read.readproc`) reads as a group on the loop would, with its
 pace: it stops at a slow read or past the group's budget, and the reader goes on with what is
@@ -32,14 +38,14 @@ from typing import Any
 
 from aioloader.decode import zygote
 from aioloader.decode.segments import Segment, choose_kind
-from aioloader.read.readproc import Answer, main
+from aioloader.read.readproc import PARTS, Answer, main
 
 __all__ = ["BUFFER_BYTES", "ReadWorkers"]
 
 logger = logging.getLogger("aioloader")
 
-#: Each worker's shared buffer: a group of files must fit (64 files of 100 KB do); a file
-#: that does not comes back through the pipe. Pages are used only as files are read.
+#: Each part of a worker's shared buffer: a group of files must fit (64 files of 100 KB do);
+#: a file that does not comes back through the pipe. Pages are used only as files are read.
 BUFFER_BYTES = 8 << 20
 
 _ids = itertools.count()
@@ -51,7 +57,17 @@ class _Worker:
         self.conn = conn
         self.segment = segment
         self.view = memoryview(segment.mmap)
-        self.answer: asyncio.Future[Answer | None] | None = None
+        #: The groups sent and not yet answered, in order: each one's answer (None once the
+        #: wait for it was cancelled) and its part of the buffer.
+        self.sent: deque[tuple[asyncio.Future[Answer | None], int]] = deque()
+        self.lost = False
+
+    def part(self, part: int) -> memoryview:
+        return self.view[part * BUFFER_BYTES : (part + 1) * BUFFER_BYTES]
+
+
+#: A worker and a part of its buffer: what a group needs to be sent.
+_Slot = tuple[_Worker, int]
 
 
 class ReadWorkers:
@@ -65,9 +81,9 @@ class ReadWorkers:
         self._started: list[_Worker] = []  # started, not yet known to the loop
         self._closed = False
         self._starter: threading.Thread | None = None
-        # The loop's own (no lock): the workers free now, the groups waiting for one.
-        self._idle: deque[_Worker] = deque()
-        self._waiting: deque[asyncio.Future[_Worker | None]] = deque()
+        # The loop's own (no lock): the parts free now, the groups waiting for one.
+        self._idle: list[_Slot] = []
+        self._waiting: deque[asyncio.Future[_Slot | None]] = deque()
         self._live = 0
 
     def start(self) -> None:
@@ -112,30 +128,35 @@ class ReadWorkers:
         """``paths`` read by a worker: each as ``bytes`` (or its ``OSError``), up to the
         first slow read or the group's budget; None when no worker could (the caller reads
         them). Cancelled, the answer is dropped when it comes."""
-        worker = await self._take()
-        if worker is None:
+        slot = await self._take()
+        if slot is None:
             return None
+        worker, part = slot
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Answer | None] = loop.create_future()
-        worker.answer = answer
+        worker.sent.append((answer, part))
         try:
-            loop.add_reader(worker.conn.fileno(), self._answered, worker)
-            worker.conn.send_bytes(pickle.dumps(paths, protocol=pickle.HIGHEST_PROTOCOL))
+            if len(worker.sent) == 1:  # one reader callback answers every group in flight
+                loop.add_reader(worker.conn.fileno(), self._answered, worker)
+            worker.conn.send_bytes(pickle.dumps((part, paths), protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError):  # the worker is gone
             self._lost(worker)
         return await answer
 
-    async def _take(self) -> _Worker | None:
+    async def _take(self) -> _Slot | None:
         with self._lock:
             fresh, self._started = self._started, []
         for worker in fresh:
             self._live += 1
-            self._give_back(worker)
+            for part in range(PARTS):
+                self._give_back((worker, part))
         if self._idle:
-            return self._idle.popleft()
+            # The least busy worker's part: groups spread over the workers first.
+            best = min(range(len(self._idle)), key=lambda i: len(self._idle[i][0].sent))
+            return self._idle.pop(best)
         if self._live == 0:
             return None
-        waiter: asyncio.Future[_Worker | None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[_Slot | None] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         try:
             return await waiter
@@ -144,36 +165,45 @@ class ReadWorkers:
                 self._give_back(got)  # handed over as the wait was cancelled: not lost
             raise
 
-    def _give_back(self, worker: _Worker) -> None:
+    def _give_back(self, slot: _Slot) -> None:
+        if slot[0].lost:
+            return
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
-                waiter.set_result(worker)
+                waiter.set_result(slot)
                 return
-        self._idle.append(worker)
+        self._idle.append(slot)
 
     def _answered(self, worker: _Worker) -> None:
-        """The worker answered (or died): its files are copied out of its buffer now, before
-        it may take the next group."""
+        """The worker answered its oldest group (or died): the files are copied out of that
+        part of its buffer now, before the part may take another group."""
         try:
             got, slow, times = pickle.loads(worker.conn.recv_bytes())
         except (EOFError, OSError):
             self._lost(worker)
             return
-        asyncio.get_running_loop().remove_reader(worker.conn.fileno())
-        view = worker.view
+        answer, part = worker.sent.popleft()
+        if not worker.sent:
+            asyncio.get_running_loop().remove_reader(worker.conn.fileno())
+        view = worker.part(part)
         out = [view[r[0] : r[0] + r[1]].tobytes() if type(r) is tuple else r for r in got]
-        answer, worker.answer = worker.answer, None
-        self._give_back(worker)
-        if answer is not None and not answer.done():
+        view.release()
+        self._give_back((worker, part))
+        if not answer.done():
             answer.set_result((out, slow, times))
 
     def _lost(self, worker: _Worker) -> None:
+        if worker.lost:
+            return
+        worker.lost = True
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().remove_reader(worker.conn.fileno())
-        answer, worker.answer = worker.answer, None
-        if answer is not None and not answer.done():
-            answer.set_result(None)
+        sent, worker.sent = worker.sent, deque()
+        for answer, _ in sent:
+            if not answer.done():
+                answer.set_result(None)
+        self._idle = [slot for slot in self._idle if slot[0] is not worker]
         self._live -= 1
         logger.debug("reader process %s is gone; its groups are read on the loop", worker.proc.pid)
         if self._live == 0:
@@ -219,7 +249,7 @@ class ReadWorkers:
 
 
 def _spawn(ctx: Any, kind: str) -> _Worker:
-    segment = Segment(f"aioloader-{os.getpid()}-read{next(_ids)}", BUFFER_BYTES, kind)
+    segment = Segment(f"aioloader-{os.getpid()}-read{next(_ids)}", PARTS * BUFFER_BYTES, kind)
     ours, theirs = Pipe(duplex=True)
     proc = ctx.Process(target=main, args=(theirs, segment.handle), name="aioloader-reader", daemon=True)
     try:
