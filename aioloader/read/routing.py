@@ -9,10 +9,12 @@ Four ways, cheapest for the loader's own thread first:
   cores. Only what ``LOOP`` could take, once a worker has started.
 - ``LOOP``: the files one after another on the event loop itself, no executor hop. A
   page-cached file reads in a few microseconds, less than a hop costs (a thread wake-up,
-  two futures, the loop's callbacks and GIL hand-offs between the threads). Only for the
+  two futures, the loop's callbacks and GIL hand-offs between the threads: a read thread
+  gives up the GIL at each system call, and the loop takes it each time). Only for the
   library's own reads of whole local files, which cannot hang the loop for longer than a
-  slow read (the group stops at its first), and only where nothing else on the loop needs
-  it at short notice (no decode stage waiting on its results).
+  slow read (the group stops at its first) or the group's budget, and only where nothing
+  else on the loop needs it at short notice: not while Ray tasks wait on it. A local decode
+  pool does not: each worker has a chunk queued behind the one it decodes.
 - ``THREAD``: the files one after another on one read thread (one hop for the chunk); a
   custom ``read`` may block in ways only the reader's pace sees, so it goes here.
 - ``SINGLES``: one hop (or, for a URL, one coroutine) per file, thousands in flight: what
@@ -49,7 +51,7 @@ def route(
     ``fast``: recent reads were fast (:class:`~aioloader.read.blocking.ReadPace`); ``local``:
     no URL among them; ``whole``: whole files, no byte ranges; ``timeout``: the
     ``sample_timeout``; ``own_read``: the library's reads, not a custom ``read``;
-    ``loop_free``: nothing else on the loop waits on it at short notice; ``workers``: a
+    ``loop_free``: nothing else on the loop waits on it at short notice (no Ray tasks); ``workers``: a
     reader process has started.
     """
     if files < 2 or not fast or not local or not whole or timeout is not None:
