@@ -161,6 +161,74 @@ def test_groups_go_on_past_the_budget(files: list[str]) -> None:
     assert not io_threads()
 
 
+def test_a_read_that_waited_for_a_cpu_is_not_slow(files: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that took 3 ms on the clock, 2.9 of them waiting for a CPU (as the kernel's
+    run-queue time says), is not slow: the group goes on. One that waited for storage
+    stops the group and counts as slow."""
+    import time
+
+    def sleepy(path: str) -> bytes:
+        time.sleep(0.003)
+        return Path(path).read_bytes()
+
+    waits = iter([0.0, 0.0029, 0.0058])  # at the group's start; after each slow-looking read
+    monkeypatch.setattr(blocking, "run_queue_seconds", lambda: next(waits))
+    pace = blocking.ReadPace()
+    got, slow = blocking.read_group(sleepy, files[:2], pace)
+    assert len(got) == 2 and not slow
+    assert pace.slow_share == 0
+
+    monkeypatch.setattr(blocking, "run_queue_seconds", lambda: 0.0)
+    got, slow = blocking.read_group(sleepy, files[:2], pace)
+    assert len(got) == 1 and slow
+    assert pace.slow_share > 0
+
+
+def test_own_time_is_the_clock_less_the_wait_for_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(blocking, "run_queue_seconds", lambda: 1.0025)
+    took, mark = blocking.own_time(0.003, 1.0)
+    assert took == pytest.approx(0.0005) and mark == 1.0025  # the mark for the next read
+    assert blocking.own_time(0.002, 1.0) == (0.0, 1.0025)  # waited longer than it took: 0, never < 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="no schedstat here")
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_run_queue_seconds_counts_the_wait_for_a_busy_cpu() -> None:
+    """This thread and a spinning child process share one CPU: the time this thread then
+    waits to run grows, as the kernel counts it; alone, it hardly does."""
+    import multiprocessing as mp
+    import time
+
+    cpu = min(os.sched_getaffinity(0))
+    before_affinity = os.sched_getaffinity(0)
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    child = ctx.Process(target=_spin_on, args=(cpu, stop), daemon=True)
+    child.start()
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.05)  # the child is spinning
+        start = blocking.run_queue_seconds()
+        end_at = time.perf_counter() + 0.2
+        while time.perf_counter() < end_at:
+            pass
+        waited = blocking.run_queue_seconds() - start
+    finally:
+        os.sched_setaffinity(0, before_affinity)
+        stop.set()
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert waited > 0.02  # about half of 0.2 s, each taking turns; far more than none
+
+
+def _spin_on(cpu: int, stop: Any) -> None:
+    os.sched_setaffinity(0, {cpu})
+    while not stop.is_set():
+        pass
+
+
 def test_failures_on_the_loop_land_on_their_own_samples(files: list[str], tmp_path: Path) -> None:
     empty = tmp_path / "empty.bin"
     empty.write_bytes(b"")
