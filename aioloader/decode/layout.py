@@ -54,6 +54,9 @@ class ArraySpec:
     torch: bool
     nbytes: int
 
+    def __reduce__(self) -> tuple[Any, ...]:  # in every task: see protocol.Chunk
+        return (ArraySpec, (self.shape, self.dtype, self.torch, self.nbytes))
+
 
 def array_spec(leaf: Any) -> ArraySpec | None:
     """The spec of an array leaf, or None for a leaf that travels as a plain value. Never
@@ -84,6 +87,9 @@ class SampleLayout:
 
     treedef: TreeDef
     leaves: tuple[ArraySpec | None, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SampleLayout, (self.treedef, self.leaves))
 
     @classmethod
     def declared(cls, shape: object, dtype: object = np.uint8) -> SampleLayout:
@@ -119,6 +125,19 @@ class SlabLayout:
     out: int
     out_size: int
     size: int
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = (
+            self.rows,
+            self.input,
+            self.input_size,
+            self.sample,
+            self.blocks,
+            self.out,
+            self.out_size,
+            self.size,
+        )
+        return (SlabLayout, fields)
 
 
 def plan_slab(rows: int, sample: SampleLayout | None, input_size: int, out_size: int) -> SlabLayout:

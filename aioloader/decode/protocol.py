@@ -68,10 +68,20 @@ class Chunk:
     inputs_at: int = 0
     forget: tuple[str, ...] = ()
 
+    # Every task and every answer crosses a pipe pickled, several per batch: a slotted
+    # dataclass pickles through its __getstate__ (a dict of its fields), five times slower
+    # than a constructor call. ``tests/test_protocol.py`` round-trips each field.
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = (self.slab, self.layout, self.items, self.seed, self.epoch)
+        return (Chunk, (*fields, self.out, self.inputs, self.inputs_at, self.forget))
+
 
 @dataclass(frozen=True, slots=True)
 class Written:
     plain: tuple[Any, ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Written, (self.plain,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +89,25 @@ class ArrayRef:
     offset: int
     spec: ArraySpec
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ArrayRef, (self.offset, self.spec))
+
 
 @dataclass(frozen=True, slots=True)
 class InArea:
     treedef: TreeDef
     leaves: tuple[Any, ...]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (InArea, (self.treedef, self.leaves))
+
 
 @dataclass(frozen=True, slots=True)
 class Pickled:
     value: Any
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Pickled, (self.value,))
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
+from typing import Any
 
 from aioloader.errors import LoaderError
 
@@ -73,6 +74,9 @@ class SegmentHandle:
     path: str
     dev: int
     ino: int
+
+    def __reduce__(self) -> tuple[Any, ...]:  # in every task: see protocol.Chunk
+        return (SegmentHandle, (self.name, self.path, self.dev, self.ino))
 
 
 class SegmentGone(OSError):
