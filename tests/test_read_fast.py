@@ -354,3 +354,12 @@ def test_a_filesystem_that_answers_short_is_read_to_the_end(
     real = os.read
     monkeypatch.setattr(blocking.os, "read", lambda fd, n: real(fd, min(n, 1000)))
     assert read_file(str(tmp_path / "f.bin")) == data
+
+
+def test_a_pace_told_a_group_at_once_is_the_pace_told_each_read() -> None:
+    times = [0.0001, 0.002, 0.0001, 0.003, 0.005, 0.0001]
+    one, all_at_once = blocking.ReadPace(), blocking.ReadPace()
+    for seconds in times:
+        one.observe(seconds)
+    all_at_once.observe_all(times)
+    assert all_at_once.slow_share == pytest.approx(one.slow_share) and one.slow_share > 0

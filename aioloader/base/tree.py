@@ -55,6 +55,9 @@ def _flatten(value: Any, leaves: list[Any], is_leaf: IsLeaf | None) -> TreeDef:
             return ("named", type(value), children)
         return ("tuple", None, children)
     if isinstance(value, list):
+        if all(type(v) in _LEAVES for v in value):  # a batch of file bytes: no call per item
+            leaves.extend(value)
+            return ("list", None, (LEAF,) * len(value))
         return ("list", None, tuple(_flatten(v, leaves, is_leaf) for v in value))
     if len(_LEAVES) < 64:  # bounded: classes made on the fly must not grow it for ever
         _LEAVES.add(type(value))

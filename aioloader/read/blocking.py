@@ -269,6 +269,13 @@ class ReadPace:
     def observe(self, seconds: float) -> None:
         self.slow_share = 0.9 * self.slow_share + 0.1 * (seconds > self.slow)
 
+    def observe_all(self, times: list[float]) -> None:
+        """:meth:`observe` each of ``times`` in order (a reader process's group)."""
+        share, slow = self.slow_share, self.slow
+        for seconds in times:
+            share = 0.9 * share + 0.1 * (seconds > slow)
+        self.slow_share = share
+
     @property
     def fast(self) -> bool:
         return self.slow_share < 0.2

@@ -115,8 +115,7 @@ class Groups:
             finally:
                 self.meter.leave(entered, per=len(answer[0]) if answer else 1)
             if answer is not None:
-                for seconds in answer[2]:
-                    self.pace.observe(seconds)
+                self.pace.observe_all(answer[2])
                 return answer[0], answer[1]
             way = LOOP  # no worker could: read here
         one: Callable[[str], Source]

@@ -181,7 +181,9 @@ class FileReader:
         ``(offset, length)`` of ``spans[i]`` when given), as :meth:`fetch` would give them;
         while reads of whole local files are fast (and no ``timeout`` bounds them), several
         are read one after another (:mod:`aioloader.read.groups`)."""
-        local = self.remote is None or not any(is_remote(path) for _, path in items)
+        # A plain path has no "://": that test first, per file, before any call.
+        local = self.remote is None or all("://" not in path for _, path in items)
+        local = local or not any(is_remote(path) for _, path in items)
         whole = spans is None or all(s is None for s in spans)
         # ``failed``: a transient error where the groups stopped, retried below.
         done, failed = await self.groups.fetch(items, arena, timeout, local and whole, self.io_concurrency)

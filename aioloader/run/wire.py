@@ -91,8 +91,15 @@ def _span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> in
     return sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + itemsize
 
 
+#: Leaves that are never arrays, told apart before any isinstance (a batch of file bytes is
+#: thousands of them a second).
+_PLAIN = frozenset({bytes, str, int, float, bool, type(None)})
+
+
 def _describe(leaf: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], str, int, bool] | None:
     """``(address, shape, byte strides, dtype, itemsize, torch)`` of an array leaf."""
+    if type(leaf) in _PLAIN:
+        return None
     if isinstance(leaf, np.ndarray):
         if leaf.dtype.hasobject or leaf.size == 0:
             return None
@@ -116,6 +123,9 @@ def encode(value: Any, slabs: list[Located]) -> tuple[TreeDef, list[Any], list[S
     handles: list[SegmentHandle] = []
     out: list[Any] = []
     for leaf in leaves:
+        if type(leaf) in _PLAIN:
+            out.append(leaf)
+            continue
         d = _describe(leaf)
         ref = None
         if d is not None:
@@ -144,7 +154,7 @@ def spill(leaves: list[Any], handles: list[SegmentHandle], make: Callable[[int],
     workers hand batches over in shared memory."""
     made: list[Any] = []
     for i, leaf in enumerate(leaves):
-        d = None if isinstance(leaf, SlabRef) else _describe(leaf)
+        d = None if type(leaf) in _PLAIN or isinstance(leaf, SlabRef) else _describe(leaf)
         if d is None:
             continue
         _, shape, _, dtype, itemsize, is_torch = d
