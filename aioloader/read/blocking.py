@@ -254,10 +254,12 @@ class ReadPace:
     """Whether reads are fast enough to group (pure; fed from the I/O threads).
 
     A read is *slow* past ``slow`` seconds (1 ms: far above a page-cache hit, far below a
-    network round trip), not counting the time its thread waited for a CPU
-    (:func:`run_queue_seconds`). Reads are grouped while the recent slow share is small; a
-    group stops at its first slow read, and at ``budget`` seconds in all, so a group never
-    holds back the files after it for long.
+    network round trip); in a group, not counting the time its thread waited for a CPU
+    (:func:`run_queue_seconds`). Reads one per hop are timed on the clock alone: there
+    thousands of threads may read at once, and asking each one's run-queue time cost a
+    third of the throughput behind slow storage (measured). Reads are grouped while the
+    recent slow share is small; a group stops at its first slow read, and at ``budget``
+    seconds in all, so a group never holds back the files after it for long.
     """
 
     slow = 0.001
@@ -282,14 +284,12 @@ class ReadPace:
 
 
 def timed(pace: ReadPace, fn: Callable[..., Source], *args: Any) -> Source:
-    """``fn(*args)``, its time told to ``pace`` (less what the thread waited for a CPU)."""
-    queued = run_queue_seconds()
+    """``fn(*args)``, its time told to ``pace``."""
     start = time.perf_counter()
     try:
         return fn(*args)
     finally:
-        took = time.perf_counter() - start
-        pace.observe(own_time(took, queued)[0] if took > pace.slow else took)
+        pace.observe(time.perf_counter() - start)
 
 
 def read_group(
