@@ -1,15 +1,16 @@
-"""Stage 2, reading: local files on daemon threads, URLs on the event loop. Above
+"""Stage 2, reading: fast local files in groups on the event loop, slow ones on daemon
+threads, URLs on the event loop. Above
 ``decode/``: reads land in a decode slab's arena.
 
 | module | role |
 | --- | --- |
 | ``reader.py`` | ``FileReader``: reads in flight within a limit, retries, failures as ``ReadError`` |
-| ``blocking.py`` | what runs on a read thread (or the loop): a file, a byte range, a custom ``read`` |
+| ``blocking.py`` | on a read thread (or the loop): a file, a byte range, a custom ``read``; the pace |
 | ``groups.py`` | fast groups: a chunk's files read one after another while reads are fast |
 | ``outcomes.py`` | a read's result as the sample's bytes or its ``ReadError``; transient errors, backoff |
 | ``routing.py`` | pure: which way a chunk of reads goes (reader processes, the loop, a thread, one per hop) |
 | ``workers.py`` | reader processes (``decode=None``): groups of small local files read elsewhere |
-| ``readproc.py`` | what runs in a reader process: a group read into its shared buffer |
+| ``readproc.py`` | what runs in a reader process: each group read into its part of a shared buffer |
 | ``mounts.py`` | which filesystems answer a read whole but at the end (a size hint may skip the fstat) |
 | ``remote.py`` | URLs read: one client per protocol, fault classes, prefix listing |
 | ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, one protocol's ``storage_options`` |

@@ -57,8 +57,8 @@ class _Worker:
         self.conn = conn
         self.segment = segment
         self.view = memoryview(segment.mmap)
-        #: The groups sent and not yet answered, in order: each one's answer (None once the
-        #: wait for it was cancelled) and its part of the buffer.
+        #: The groups sent and not yet answered, in order: each one's answer (dropped when it
+        #: comes if its wait was cancelled) and its part of the buffer.
         self.sent: deque[tuple[asyncio.Future[Answer | None], int]] = deque()
         self.lost = False
 
