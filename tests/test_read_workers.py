@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import pickle
 import signal
 import time
 from collections.abc import Callable
@@ -177,17 +178,56 @@ def test_a_worker_killed_with_groups_in_flight_fails_each_of_them(files: list[st
     os.mkfifo(fifo)
     workers = started(1)
 
-    async def go() -> list[Any]:
+    async def go() -> tuple[int, list[Any]]:
         reads = [asyncio.ensure_future(workers.read(g)) for g in ([str(fifo)], files)]
         await asyncio.sleep(0.2)  # the worker is in the FIFO's open
+        in_flight = len(workers._all[0].sent)
         os.kill(workers.pids()[0], signal.SIGKILL)
-        return await asyncio.wait_for(asyncio.gather(*reads), 30)
+        return in_flight, await asyncio.wait_for(asyncio.gather(*reads), 30)
+
+    try:
+        in_flight, got = on_loop(go)
+    finally:
+        workers.close()
+    assert in_flight == 2 and got == [None, None]
+
+
+def test_parts_of_a_worker_dead_before_its_first_group_go_to_another(
+    files: list[str], tmp_path: Path
+) -> None:
+    """Groups wait while the one live worker is held on a FIFO; a second worker, dead before
+    the loop first sees it, has its two parts handed to them. The first to send finds it
+    dead; the other does not hang on the dead worker (nor the loop spin on its pipe): it
+    waits for the live one, which answers once the FIFO opens."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    workers = started(2)
+    live, dead = workers._started  # neither seen by the loop yet
+    workers._started = [live]
+
+    async def go() -> list[Any]:
+        held = [asyncio.ensure_future(workers.read(g)) for g in ([str(fifo)], [str(fifo)])]
+        await asyncio.sleep(0.2)  # both parts of the live worker hold a group
+        waiting = [asyncio.ensure_future(workers.read(files[i : i + 4])) for i in (0, 4)]
+        await asyncio.sleep(0)
+        os.kill(dead.proc.pid, signal.SIGKILL)
+        dead.proc.join(10)
+        workers._started = [dead]
+        later = asyncio.ensure_future(workers.read(files[8:12]))  # its take hands the dead parts out
+        await asyncio.sleep(0.2)
+        for _ in held:  # one open each: the worker's reads of the FIFO end
+            os.close(os.open(fifo, os.O_WRONLY))
+            await asyncio.sleep(0.1)
+        return await asyncio.wait_for(asyncio.gather(*held, *waiting, later), 30)
 
     try:
         got = on_loop(go)
     finally:
         workers.close()
-    assert got == [None, None]
+    want = [[Path(p).read_bytes() for p in files[i : i + 4]] for i in (0, 4, 8)]
+    first, second, later = got[2:]
+    assert first is None  # sent to the dead worker: the reader reads it on the loop
+    assert [second[0], later[0]] == want[1:]  # passed over to the live worker, not hung
 
 
 def test_a_reader_with_workers_reads_like_one_without(files: list[str], tmp_path: Path) -> None:
@@ -256,3 +296,20 @@ def test_a_workers_group_stops_at_a_slow_read_or_its_budget(files: list[str]) ->
     no_budget.slow, no_budget.budget = math.inf, -1.0
     got, slow, _ = readproc.read_into(buf, files, no_budget)
     assert not slow and len(got) == 1
+
+
+def test_a_group_that_cannot_be_sent_holds_no_part(files: list[str]) -> None:
+    """Paths that do not pickle fail in the caller before a part is taken: the next groups
+    get both parts, each answer paired with its own."""
+    workers = started(1)
+
+    async def go() -> list[Any]:
+        with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+            await workers.read([lambda: None])  # type: ignore[list-item]
+        return await asyncio.gather(workers.read(files[:3]), workers.read(files[3:6]))
+
+    try:
+        got = on_loop(go)
+    finally:
+        workers.close()
+    assert [a[0] for a in got] == [[Path(p).read_bytes() for p in g] for g in (files[:3], files[3:6])]

@@ -245,8 +245,10 @@ def run_queue_seconds() -> float:
             return int(os.read(fd, 128).split()[1]) / 1e9
         finally:
             os.close(fd)
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError, FileNotFoundError):  # the kernel does not say: asked no more
         _schedstat = False
+        return 0.0
+    except OSError:  # out of descriptors for a moment, say: this read goes by the clock
         return 0.0
 
 
@@ -323,7 +325,9 @@ def read_group(
 def own_time(took: float, queued: float) -> tuple[float, float]:
     """A read's ``took`` seconds less what this thread waited for a CPU since ``queued``
     (:func:`run_queue_seconds` at the group's start or its last slow-looking read), and the
-    mark for the next. The wait counted may include some of earlier reads' of the group:
-    at worst a slow read is taken for fast once, and the next one stops the group."""
+    mark for the next. The wait counted may include what the group's earlier, fast reads
+    waited, so a read up to that much slower than the mark may be taken for fast; that is
+    bounded by the group's ``budget`` (4 ms): a read slower than the budget and the mark
+    together always stops the group."""
     now = run_queue_seconds()
     return max(0.0, took - (now - queued)), now

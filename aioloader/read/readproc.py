@@ -35,8 +35,9 @@ Answer = tuple[list[Any], bool, list[float]]
 
 def main(conn: Connection, handle: SegmentHandle) -> None:
     """A reader process's life (the ``target`` it is started with): read each group it is
-    sent, ``(part, paths)``, into that part of the buffer ``handle`` names (offsets in the
-    answer are the part's), answer, until the pipe closes."""
+    sent (the part's number in one byte, then the pickled paths) into that part of the
+    buffer ``handle`` names (offsets in the answer are the part's), answer, until the pipe
+    closes."""
     lifeline.become("worker")
     lifeline.follow_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer owns shutdown
@@ -48,9 +49,10 @@ def main(conn: Connection, handle: SegmentHandle) -> None:
     parts = [buf[i * size : (i + 1) * size] for i in range(PARTS)]
     while True:
         try:
-            part, paths = pickle.loads(conn.recv_bytes())
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return
+        part, paths = data[0], pickle.loads(memoryview(data)[1:])  # the part's number, then the paths
         answer = read_into(parts[part], paths, ReadPace())
         try:
             conn.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))

@@ -17,7 +17,8 @@ copies, the next send), a third of its time on two cores.
 A worker (:mod:`aioloader.read.readproc`) reads as a group on the loop would, with its
 pace: it stops at a slow read or past the group's budget, and the reader goes on with what is
 left. A file that failed comes back as its ``OSError``. A worker that dies (killed, say)
-fails its group, which the reader then reads on the loop, and is not replaced; with none
+fails every group it was sent, which the reader then reads on the loop, and is not replaced;
+a part of it handed to a group just before is passed over for another worker's. With none
 left, groups read on the loop again. At close each is told to go (its pipe closed) and
 joined, terminated past a grace period.
 """
@@ -128,18 +129,24 @@ class ReadWorkers:
         """``paths`` read by a worker: each as ``bytes`` (or its ``OSError``), up to the
         first slow read or the group's budget; None when no worker could (the caller reads
         them). Cancelled, the answer is dropped when it comes."""
-        slot = await self._take()
-        if slot is None:
-            return None
-        worker, part = slot
+        # Pickled before a part is taken: a path that cannot be pickled fails here, holding
+        # nothing (a part taken and not sent would pair the next answer with the wrong part).
+        blob = pickle.dumps(paths, protocol=pickle.HIGHEST_PROTOCOL)
+        while True:
+            slot = await self._take()
+            if slot is None:
+                return None
+            worker, part = slot
+            if not worker.lost:  # a part handed over just before its worker was found dead
+                break
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Answer | None] = loop.create_future()
         worker.sent.append((answer, part))
         try:
             if len(worker.sent) == 1:  # one reader callback answers every group in flight
                 loop.add_reader(worker.conn.fileno(), self._answered, worker)
-            worker.conn.send_bytes(pickle.dumps((part, paths), protocol=pickle.HIGHEST_PROTOCOL))
-        except (OSError, ValueError):  # the worker is gone
+            worker.conn.send_bytes(bytes((part,)) + blob)
+        except (OSError, ValueError):  # the worker is gone: its groups, this one too, fail
             self._lost(worker)
         return await answer
 
