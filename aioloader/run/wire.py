@@ -91,15 +91,13 @@ def _span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> in
     return sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + itemsize
 
 
-#: Leaves that are never arrays, told apart before any isinstance (a batch of file bytes is
-#: thousands of them a second).
+#: Leaves that are never arrays: :func:`encode` and :func:`spill` pass them by before any
+#: isinstance (a batch of file bytes is thousands of them a second).
 _PLAIN = frozenset({bytes, str, int, float, bool, type(None)})
 
 
 def _describe(leaf: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], str, int, bool] | None:
     """``(address, shape, byte strides, dtype, itemsize, torch)`` of an array leaf."""
-    if type(leaf) in _PLAIN:
-        return None
     if isinstance(leaf, np.ndarray):
         if leaf.dtype.hasobject or leaf.size == 0:
             return None
