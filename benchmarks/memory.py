@@ -4,7 +4,8 @@ loader process; and ``loader_process=False``) vs DataLoader.
 For each loader and each dataset size (default 2,000 and 20,000 JPEGs of 500x375; the
 larger set is copies of the smaller one's files), a fresh
 Python process runs one full epoch (``ImageDecoder(224)``, batch 64, shuffled, the same
-number of worker processes) while a thread samples, every 20 ms:
+number of worker processes; the trainer reads a byte of every page of each batch, as a
+training step would) while a thread samples, every 20 ms:
 
 - PSS of the loader's process and all its descendants (worker processes, aioloader's fork
   server), from ``/proc/<pid>/smaps_rollup``. PSS splits each shared page between the
@@ -40,7 +41,7 @@ IN_PROCESS = "aioloader, in-process"
 #: DataLoader, aioloader with its defaults (a loader process), and loader_process=False.
 LOADERS = ("DataLoader", "aioloader", IN_PROCESS)
 sys.path.insert(0, str(HERE))
-from userfns import descendants, pss_bytes  # noqa: E402
+from userfns import descendants, pss_bytes, touch  # noqa: E402
 
 
 def shm_bytes(pids: list[int], any_maker: bool = False) -> int:
@@ -115,12 +116,14 @@ def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, fl
             generator=torch.Generator().manual_seed(0),
         )
         for _images, labels in dl:
+            touch(_images)  # as a training step reads it
             samples += len(labels)
         del dl
     else:
         extra = {"loader_process": False} if loader_name == IN_PROCESS else {}
         with Loader(files, batch_size=batch, decode=decode, num_workers=workers, **extra) as loader:
             for _images, labels in loader:
+                touch(_images)
                 samples += len(labels)
     seconds = time.perf_counter() - start
     time.sleep(0.1)

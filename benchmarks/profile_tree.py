@@ -6,9 +6,10 @@ A child Python process (so nothing else of this script is in its tree) construct
 loader with the settings under test, runs ``--epochs`` epochs of a plain user decode
 function (``userfns.random_crop``, nothing declared) and, before ``close()``, reads every
 live process's and thread's user+sys CPU from ``/proc`` (exact, no profiler). The decode's
-own cost is measured in that child first, on one core, on bytes in memory; a worker's
-*overhead* is its CPU minus the decode's cost times the samples it decoded (the workers
-together decode every sample once).
+own cost is measured in that child first, on one core, on bytes in memory, then in as many
+processes at once as there are usable CPUs (CPU per image: the floor under any loader that
+keeps every core decoding); a worker's *overhead* is its CPU minus the decode's cost times
+the samples it decoded (the workers together decode every sample once).
 
 With ``--py-spy``, the same run again under ``py-spy record --subprocesses --native``
 (``--rate`` Hz), printing each process role's top leaf functions by share of its samples
@@ -52,6 +53,28 @@ n, t = 0, time.perf_counter()
 while time.perf_counter() - t < 3.0:
     random_crop(data[n % 200], rng); n += 1
 decode_s = (time.perf_counter() - t) / n
+
+# The same decode in every usable CPU at once (forked now, before any loader thread): its
+# CPU per image is the floor under any loader that keeps every core decoding, as two decodes
+# at once are each slower than one alone (shared caches, memory bandwidth, SMT siblings).
+ways = len(os.sched_getaffinity(0))
+pipes = []
+for k in range(ways):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.close(r)
+        m, c, t = 0, time.process_time(), time.perf_counter()
+        while time.perf_counter() - t < 3.0:
+            random_crop(data[(m + 37 * k) % 200], rng); m += 1
+        os.write(w, json.dumps([m, time.process_time() - c]).encode())
+        os._exit(0)
+    os.close(w)
+    pipes.append(r)
+done = [json.loads(os.read(r, 200)) for r in pipes]
+for r in pipes:
+    os.close(r)
+    os.wait()
+together_s = sum(c for _, c in done) / sum(m for m, _ in done)
 
 def cpu_of(path):
     with open(path) as f:
@@ -113,7 +136,7 @@ procs = tree()
 runtime = getattr(getattr(loader, "_runtime", None), "__class__", type(None)).__name__
 if mode != "dataloader":
     loader.close()
-print("RESULT " + json.dumps({{"decode_s": decode_s, "samples": samples, "wall": wall, "procs": procs, "runtime": runtime}}))
+print("RESULT " + json.dumps({{"decode_s": decode_s, "together_s": together_s, "ways": ways, "samples": samples, "wall": wall, "procs": procs, "runtime": runtime}}))
 """
 
 
@@ -180,6 +203,10 @@ def report_cpu(mode: str, res: dict) -> list[str]:
         "",
         f"machine CPU {total / n * 1e3:.3f} ms/image, overhead {(total - decode) / n * 1e3:.3f} ms/image "
         "(machine CPU minus the decode's one-core cost)",
+        "",
+        f"the decode alone in {res['ways']} processes at once: {res['together_s'] * 1e3:.3f} ms/image of CPU "
+        f"(+{(res['together_s'] - res['decode_s']) * 1e3:.3f} over one alone: the floor of any loader's overhead "
+        f"on this machine); the loader's own cost above that floor: {(total / n - res['together_s']) * 1e3:.3f} ms/image",
         "",
         "| process | processes | CPU ms/image | of which threads (ms/image) |",
         "|---|---:|---:|---|",

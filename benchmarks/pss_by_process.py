@@ -1,9 +1,12 @@
 """Where the memory of the whole process tree is, process by process: PSS, private dirty
 pages, anonymous and shared-memory PSS (``/proc/<pid>/smaps_rollup``) of the trainer,
 aioloader's zygote, loader process and workers (or DataLoader's workers), read at batch 15
-of the second epoch of a plain user decode (``userfns.random_crop``), batch 64.
+of the second epoch of a plain user decode (``userfns.random_crop``), batch 64. The trainer
+reads every batch (one byte a page, :func:`userfns.touch`), as a training step would;
+``--no-touch`` leaves them unread. Then the whole tree with shared memory counted once and
+whole (:func:`userfns.tree_memory`), which also counts the batches no page table maps yet.
 
-    python benchmarks/pss_by_process.py [auto|off|on|dataloader] [--images 2000]
+    python benchmarks/pss_by_process.py [auto|off|on|dataloader] [--images 2000] [--no-touch]
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from torch.utils.data import DataLoader  # noqa: E402
-from userfns import PeerDataset, add_folder_args, descendants, image_folder, random_crop  # noqa: E402
+from userfns import PeerDataset, add_folder_args, descendants, image_folder, random_crop, touch, tree_memory  # noqa: E402
 
 from aioloader import FileDataset, Loader  # noqa: E402
 
@@ -37,6 +40,7 @@ def rollup(pid: int) -> dict[str, int]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["auto", "off", "on", "dataloader"])
+    p.add_argument("--no-touch", dest="touch", action="store_false", help="leave the batches unread")
     add_folder_args(p)
     args = p.parse_args()
     files = FileDataset.from_folder(image_folder(args))
@@ -54,7 +58,9 @@ def main() -> int:
         loader = Loader(files, batch_size=64, decode=random_crop, shuffle=True, **extra)
     fields = ("Pss", "Private_Dirty", "Pss_Anon", "Pss_Shmem")
     for epoch in range(2):
-        for i, _batch in enumerate(loader):
+        for i, batch in enumerate(loader):
+            if args.touch:
+                touch(batch)
             if epoch == 1 and i == 15:
                 print(f"## {args.mode}: MiB at batch 15 of epoch 2\n")
                 print("| process | pid | " + " | ".join(fields) + " |")
@@ -71,6 +77,11 @@ def main() -> int:
                     name = "trainer" if pid == os.getpid() else comm
                     print(f"| {name} | {pid} | " + " | ".join(str(r.get(k, 0)) for k in fields) + " |")
                 print(f"| **whole tree** | | {total} | | | |\n")
+                pss, whole = tree_memory(descendants(os.getpid()))
+                print(
+                    f"whole tree, shared memory counted once and whole (mapped or held, touched or not): "
+                    f"{whole / 2**20:.0f} MiB (PSS {pss / 2**20:.0f} MiB)\n"
+                )
     if isinstance(loader, Loader):
         loader.close()
     return 0

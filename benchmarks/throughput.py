@@ -83,6 +83,7 @@ from userfns import (
     random_crop_dict,
     random_crop_tensor,
     read_file,
+    touch,
     tree_cpu,
 )
 
@@ -147,9 +148,15 @@ class Run:
         return sum(e.batches for e in self.epochs)
 
 
+#: Read each batch as a training step would (one byte a page, ``userfns.touch``): a batch in
+#: shared memory that is never read costs the trainer no page faults and no PSS.
+TOUCH = True
+
+
 def run_epoch(batches: Iterable[Any], train_s: float, origin: float | None = None) -> Epoch:
-    """Consume one epoch like a training loop; ``train_s`` sleeps per batch (the step).
-    ``first`` counts from ``origin`` when given (before construction), else from ``iter()``."""
+    """Consume one epoch like a training loop: read each batch (:data:`TOUCH`), then sleep
+    ``train_s`` (the step). ``first`` counts from ``origin`` when given (before
+    construction), else from ``iter()``."""
     start = time.perf_counter()
     wait, first, samples, count = 0.0, None, 0, 0
     before = start
@@ -159,6 +166,8 @@ def run_epoch(batches: Iterable[Any], train_s: float, origin: float | None = Non
         first = got - (origin or start) if first is None else first
         samples += batch_len(batch)
         count += 1
+        if TOUCH:
+            touch(batch)
         if train_s > 0:
             time.sleep(train_s)
         before = time.perf_counter()
@@ -174,14 +183,22 @@ def stop_fork_server() -> None:
         stop()
 
 
-def measure(make: Callable[[], Any], epochs: int, train_s: float, set_epoch: bool) -> Run:
+def measure(
+    make: Callable[[], Any], epochs: int, train_s: float, set_epoch: bool, memory: bool = False
+) -> Run:
     """Construct a loader with ``make`` and consume ``epochs`` epochs; the clock and CPU
-    counters start before construction. Returns with the loader closed."""
+    counters start before construction. Returns with the loader closed.
+
+    ``memory``: also sample the whole tree's PSS (``peak_pss``). Reading ``smaps_rollup``
+    costs 4-10 ms of CPU per process and sample (walking its page tables), 20-30 ms per
+    sample of a tree on this machine: on 2 busy cores that is CPU taken from the decode, and
+    more from a loader with more processes. Timing runs leave it out."""
     gc.collect()
     tree0, cpu0, threads0 = tree_cpu(), time.process_time(), thread_cpu()
-    pss = TreePss(every=0.25)  # smaps_rollup of a large process costs ms of kernel time
+    pss = TreePss(every=0.25)
     t0 = time.perf_counter()
-    pss.start()
+    if memory:
+        pss.start()
     loader = make()
     try:
         eps = []
@@ -190,10 +207,11 @@ def measure(make: Callable[[], Any], epochs: int, train_s: float, set_epoch: boo
                 loader.set_epoch(e)
             eps.append(run_epoch(loader, train_s, origin=t0 if e == 0 else None))
         seconds = time.perf_counter() - t0
-        pss.__exit__()
+        if memory:
+            pss.__exit__()
         # The sampler's own CPU is the benchmark's, not the loader's.
         main_cpu, tree = time.process_time() - cpu0 - pss.cpu, tree_cpu() - tree0 - pss.cpu
-        threads = thread_cpu_since(threads0, skip=pss.name)
+        threads = thread_cpu_since(threads0, skip=pss.native_id)
     finally:
         if isinstance(loader, Loader):
             loader.close()
@@ -266,12 +284,13 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
-def thread_cpu_since(before: dict[int, tuple[str, float]], skip: str) -> dict[str, float]:
+def thread_cpu_since(before: dict[int, tuple[str, float]], skip: int | None) -> dict[str, float]:
     """CPU seconds by thread name since ``before`` (per thread id: a thread of an earlier
-    run still exiting is not charged its whole life), leaving out thread ``skip``."""
+    run still exiting is not charged its whole life), leaving out thread id ``skip`` (by id:
+    once joined, a thread still exiting has no Python name)."""
     out: dict[str, float] = defaultdict(float)
     for tid, (name, cpu) in thread_cpu().items():
-        if name != skip:
+        if tid != skip:
             out[name] += cpu - before.get(tid, (name, 0.0))[1]
     return out
 
@@ -340,9 +359,21 @@ def parse_args() -> argparse.Namespace:
         help="aioloader reads in flight (%(default)s, the library's default)",
     )
     p.add_argument("--rounds", type=int, default=3, help="interleaved measured rounds (%(default)s)")
+    p.add_argument(
+        "--memory-rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds that also sample the whole tree's PSS, after the timed ones (default: min(rounds, 3))",
+    )
     p.add_argument("--epochs", type=int, default=2, help="epochs per measurement (%(default)s)")
     p.add_argument("--read-delay-ms", type=float, default=0.0, help="delay every read by L ms (%(default)s)")
     p.add_argument("--train-ms", type=float, default=0.0, help="simulated train step per batch (%(default)s)")
+    p.add_argument(
+        "--no-touch",
+        dest="touch",
+        action="store_false",
+        help="leave each batch unread (by default the trainer reads a byte of every page of it, as a step would)",
+    )
     p.add_argument(
         "--decode-seconds", type=float, default=3.0, help="single-core decode timing (%(default)s)"
     )
@@ -437,7 +468,9 @@ def workloads(args: argparse.Namespace) -> tuple[list[Workload], str]:
 
 
 def main() -> int:
+    global TOUCH
     args = parse_args()
+    TOUCH = args.touch
     loads, data_line = workloads(args)
     read = TimedRead(args.read_delay_ms)
     train_s = args.train_ms / 1e3
@@ -486,6 +519,8 @@ def main() -> int:
 
     runs: dict[tuple[str, str], list[Run]] = defaultdict(list)
     trained: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    memory: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    memory_rounds = min(args.rounds, 3) if args.memory_rounds is None else args.memory_rounds
     for r in range(args.rounds):
         for w in loads:
             # DataLoader first: its workers fork before any aioloader thread exists.
@@ -499,6 +534,16 @@ def main() -> int:
                         f"{run.seconds:.2f} s, first batch {run.epochs[0].first * 1e3:.0f} ms",
                         flush=True,
                     )
+    for r in range(memory_rounds):
+        for w in loads:
+            makers = [("DataLoader", make_peer(w, r))] + [(n, make_aio(w, r, p)) for n, p in aio]
+            for name, make in makers:
+                run = measure(make, args.epochs, 0.0, set_epoch=name != "DataLoader", memory=True)
+                memory[w.name, name].append(run)
+                print(
+                    f"# memory round {r + 1}/{memory_rounds} {w.name} {name}: peak PSS {run.peak_pss / 2**20:.0f} MiB",
+                    flush=True,
+                )
     for w in loads:
         if w.decode is not None:
             w.rate_end = decode_rate(w.files, w.decode, args.decode_seconds)
@@ -527,12 +572,15 @@ def main() -> int:
     print(f"- 1-min load average at start {load_start}, at end {load_end}")
     print(
         f"- each run: construct the loader, {args.epochs} epochs, close (start-up included; aioloader's "
-        f"zygote made once per process); medians of {args.rounds} interleaved rounds"
+        f"zygote made once per process); the trainer reads "
+        f"{'a byte of every page of each batch, as a step would' if args.touch else 'nothing of the batches (--no-touch)'}; "
+        f"medians of {args.rounds} interleaved rounds; peak PSS: medians of {memory_rounds} more "
+        "interleaved rounds that sample it (the timed rounds do not: the sampling takes CPU from the loaders)"
     )
     print()
     print_throughput(loads, runs, cores, unit="files" if args.small_files else "samples")
     print()
-    print_cost(loads, runs, unit="files" if args.small_files else "samples")
+    print_cost(loads, runs, memory, unit="files" if args.small_files else "samples")
     print()
     print("aioloader main-process CPU by thread, ms/batch (median over rounds, start-up included):")
     for w in loads:
@@ -588,10 +636,16 @@ def print_throughput(
     )
 
 
-def print_cost(loads: list[Workload], runs: dict[tuple[str, str], list[Run]], unit: str) -> None:
+def print_cost(
+    loads: list[Workload],
+    runs: dict[tuple[str, str], list[Run]],
+    memory: dict[tuple[str, str], list[Run]],
+    unit: str,
+) -> None:
     """What each loader costs beside the decode: machine CPU per sample minus the decode's
     one-core cost measured in this run (the loader's own overhead, start-up included), the
-    trainer's process per batch, and the peak PSS of the whole process tree."""
+    trainer's process per batch (both from the timed ``runs``), and the peak PSS of the
+    whole process tree (from the ``memory`` runs; n/a without any)."""
     print(
         f"| decode | loader | machine CPU ms/{unit[:-1]} | decode alone, one core, ms | overhead ms/{unit[:-1]} "
         "| overhead vs DataLoader | trainer-process CPU ms/batch | peak PSS, whole tree, MiB | PSS vs DataLoader |"
@@ -601,23 +655,27 @@ def print_cost(loads: list[Workload], runs: dict[tuple[str, str], list[Run]], un
         decode_ms = 1e3 / w.rate if w.decode is not None else 0.0
         peer = runs[w.name, "DataLoader"]
         peer_over = med(x.tree_cpu / x.samples for x in peer) * 1e3 - decode_ms
-        peer_pss = med(x.peak_pss for x in peer)
+        peer_pss = (
+            med(x.peak_pss for x in memory[w.name, "DataLoader"]) if memory[w.name, "DataLoader"] else 0
+        )
         for name in LOADERS:
             rs = runs[w.name, name]
             cpu = med(x.tree_cpu / x.samples for x in rs) * 1e3
-            pss = med(x.peak_pss for x in rs)
+            pss = med(x.peak_pss for x in memory[w.name, name]) if memory[w.name, name] else 0
+            mem = f"{pss / 2**20:.0f} | {pss / peer_pss:.2f}x" if pss and peer_pss else "n/a | n/a"
             print(
                 f"| {w.name} | {name} | {cpu:.3f} | {decode_ms:.3f} | {cpu - decode_ms:.3f} "
                 f"| {(cpu - decode_ms) / peer_over:.2f}x | {med(x.main_cpu / x.batches for x in rs) * 1e3:.1f} "
-                f"| {pss / 2**20:.0f} | {pss / peer_pss:.2f}x |"
+                f"| {mem} |"
             )
     print(
         f"\nOverhead: the whole process tree's CPU per {unit[:-1]} (start-up included) minus what the decode "
         "alone costs on one core, measured at the start of this run (0 without a decode): what the loader "
         "itself costs. Two decodes running at once on this machine's two cores are each a few % slower than "
         "one alone, so part of every loader's overhead is that contention. Peak PSS: the largest sum over "
-        "the trainer and all its descendants (/proc/<pid>/smaps_rollup, sampled every 250 ms; shared pages "
-        "split between their holders, so shared memory counts once). Below 1x is better for both."
+        "the trainer and all its descendants (/proc/<pid>/smaps_rollup, sampled every 250 ms in rounds of "
+        "their own; shared pages split between their holders, so shared memory counts once). Below 1x is "
+        "better for both."
     )
 
 

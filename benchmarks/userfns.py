@@ -18,7 +18,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,30 @@ def batch_len(batch: Any) -> int:
     return len(batch)
 
 
+def touch(batch: Any) -> int:
+    """Read one byte of every 4 KiB page of every array in ``batch``, as a trainer's step
+    (a copy to the GPU, a forward pass) reads all of it; returns the bytes' sum.
+
+    A batch in shared memory that the trainer never reads has no page in the trainer's page
+    tables, so ``smaps`` charges it to no process: DataLoader's batches (its workers unmap
+    them once sent) would be missing from a whole tree's PSS, and the memory measured would
+    not be what users run."""
+    if isinstance(batch, torch.Tensor):
+        flat = (
+            batch.reshape(-1).view(torch.uint8)
+            if batch.is_contiguous()
+            else batch.contiguous().reshape(-1).view(torch.uint8)
+        )
+        return int(flat[::4096].sum()) if flat.numel() else 0
+    if isinstance(batch, np.ndarray):
+        return touch(torch.from_numpy(np.ascontiguousarray(batch)))
+    if isinstance(batch, dict):
+        return sum(touch(v) for v in batch.values())
+    if isinstance(batch, (tuple, list)):
+        return sum(touch(v) for v in batch if not isinstance(v, (bytes, str, int, float)))
+    return 0
+
+
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -253,6 +277,73 @@ def pss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def _tmpfs_mounts() -> tuple[str, ...]:
+    """Mount points of tmpfs file systems (``/dev/shm`` among them), each ending in "/"."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split()[:1] == ["tmpfs"]:
+                    out.append(left.split()[4].rstrip("/") + "/")
+    except OSError:
+        pass
+    return tuple(out)
+
+
+_SHM_PREFIXES = ("/memfd:", "/dev/zero", "/SYSV", "/dev/shm/")
+
+
+def tree_memory(pids: Iterable[int]) -> tuple[int, int]:
+    """``(pss, whole)`` in bytes for the processes ``pids`` (a process tree).
+
+    ``pss``: the sum of their PSS (``smaps_rollup``), each shared page split between its
+    holders. ``whole``: the same without shared-memory pages (``Pss_Shmem``), plus every
+    shared-memory object any of them maps or holds an fd of (memfd, ``/dev/shm``, tmpfs,
+    shared anonymous), once each, at its allocated size (``st_blocks``). The two differ by
+    the pages of shared memory that no process of the tree has touched since mapping them:
+    a batch sent by a DataLoader worker (which then unmaps it) and not yet read by the
+    trainer is in no page table, so PSS misses it; ``whole`` does not."""
+    tmpfs = _tmpfs_mounts()
+    pss = non_shm = 0
+    objects: dict[tuple[int, int], int] = {}
+
+    def add(path: str) -> None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        objects[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+
+    for pid in pids:
+        fields = {}
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    parts = line.split()
+                    if parts[0] in ("Pss:", "Pss_Shmem:"):
+                        fields[parts[0]] = int(parts[1]) * 1024
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read().splitlines()
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        pss += fields.get("Pss:", 0)
+        non_shm += fields.get("Pss:", 0) - fields.get("Pss_Shmem:", 0)
+        for line in maps:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[1][3] == "s" and parts[5].startswith(_SHM_PREFIXES + tmpfs):
+                add(f"/proc/{pid}/map_files/{parts[0]}")  # root: the object even if unlinked
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith(_SHM_PREFIXES + tmpfs):
+                add(f"/proc/{pid}/fd/{fd}")
+    return pss, non_shm + sum(objects.values())
 
 
 class TreePss(threading.Thread):
