@@ -85,21 +85,49 @@ def _name(data: bytes) -> str:
     return data.decode()
 
 
+_first_call = {"failed": False}
+
+
+def _image_but_a_workers_first(data: bytes) -> np.ndarray:
+    """:func:`_image`, except that each worker process's first call raises (the dictionary
+    goes to each worker by value): the first batch's probe sample fails, so the rest of that
+    batch decodes before the layout is known and crosses pickled, as the learning batches
+    did before there was a probe (aioloader/engine/epoch.py)."""
+    if not _first_call["failed"]:
+        _first_call["failed"] = True
+        raise ValueError("a worker's first sample")
+    return _image(data)
+
+
 @pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
 def test_the_learning_batches_are_trimmed_once(numbered: list[str], process: bool, runtimes) -> None:  # type: ignore[no-untyped-def]
     runtimes.expect(process)
-    # collate=list: the first batches' samples (150 KB each, below the size that would cross
+    # collate=list: the first batch's samples (150 KB each, below the size that would cross
     # through a segment of its own, aioloader/run/wire.py) reach the trainer pickled.
     with Loader(
-        numbered, batch_size=8, decode=_image, collate=list, num_workers=2, loader_process=process
+        numbered,
+        batch_size=8,
+        decode=_image_but_a_workers_first,
+        collate=list,
+        num_workers=1,
+        on_error="skip",
+        loader_process=process,
     ) as loader:
-        for _ in range(2):
-            assert sum(len(b) for b in loader) == len(numbered)
+        assert sum(len(b) for b in loader) == len(numbered) - 1  # the probe's sample failed
+        assert sum(len(b) for b in loader) == len(numbered)
         rt = loader._runtime
         if process:
             assert rt.channel._trim.trims == 1  # the trainer's side: pickled batches, then slab refs
         else:
             assert rt.engine._trim.trims == 1  # the loop's side: pickled samples, then rows
+
+
+def test_a_probe_that_teaches_the_layout_leaves_no_burst_to_trim(numbered: list[str]) -> None:
+    """The first batch's probe sample teaches the layout: the rest of the batch goes into
+    rows, only that one sample crosses pickled, and there is nothing to give back."""
+    with Loader(numbered, batch_size=8, decode=_image, num_workers=2, loader_process=False) as loader:
+        assert sum(len(b) for b in loader) == len(numbered)
+        assert loader._runtime.engine._trim.trims == 0
 
 
 def test_samples_that_are_never_arrays_never_trim(numbered: list[str]) -> None:

@@ -483,10 +483,10 @@ def _spill_maps(pid: int) -> set[str]:
 
 
 def test_the_first_batches_are_slab_views_too(numbered: list[str]) -> None:
-    """The first batch is decoded before the slabs' layout is known, so its samples come back
-    pickled; once its first chunk taught the layout, it is written into a slab's rows like
-    every later batch. So every batch crosses from the loader process as a slab view, and no
-    spill segment (a batch of memory) is ever made."""
+    """The first batch starts before the slabs' layout is known: its probe sample comes back
+    pickled and teaches it, the rest decode into a slab's rows, and the probe's sample is
+    written into row 0. So every batch crosses from the loader process as a slab view, and
+    no spill segment (a batch of memory) is ever made."""
     with Loader(numbered * 6, batch_size=16, decode=wide_number, num_workers=1, shuffle=False) as loader:
         it = iter(loader)
         first = next(it)

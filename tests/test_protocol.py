@@ -23,7 +23,14 @@ import torch
 from aioloader import sample_rng
 from aioloader.base.tree import LEAF, flatten, map_leaves, unflatten
 from aioloader.decode import worker as _worker
-from aioloader.decode.layout import LayoutTracker, SampleLayout, array_spec, describe, plan_slab
+from aioloader.decode.layout import (
+    LayoutTracker,
+    SampleLayout,
+    array_spec,
+    declared_layout,
+    describe,
+    plan_slab,
+)
 from aioloader.decode.protocol import ArrayRef, Chunk, Failed, InArea, Pickled, StatusTable, Written
 from aioloader.decode.segments import SegmentHandle
 from aioloader.engine.assemble import view_array
@@ -150,6 +157,13 @@ def test_tracker_ignores_samples_without_arrays() -> None:
 def test_declared_layout() -> None:
     layout = SampleLayout.declared((3, 4, 4))
     assert layout.treedef == LEAF and layout.sample_bytes == 48
+
+    class Declares:
+        output_shape = (3, 4, 4)
+        output_dtype = "float32"
+
+    assert declared_layout(Declares()) == SampleLayout.declared((3, 4, 4), "float32")
+    assert declared_layout(lambda data: data) is None  # nothing declared: learned
 
 
 # -- the worker's task function ----------------------------------------------------------------

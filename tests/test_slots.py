@@ -110,7 +110,7 @@ async def test_a_closed_pool_opens_with_the_limit_set_meanwhile() -> None:
 
 async def test_an_epochs_opening_lets_later_batches_on_in_epoch_order() -> None:
     """The engine's Opening (aioloader/engine/tasks.py): a later batch's chunk, its files
-    read, waits until the first batch's files are all read and its first chunk taught the
+    read, waits until the first batch's files are all read and its first sample taught the
     layout; then the waiters go on smallest key first, and ask for open decode slots in
     that order (the slots grant at once while free: the order they ask in is the order)."""
     from aioloader.engine.tasks import Opening

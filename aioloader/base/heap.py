@@ -1,7 +1,9 @@
 """Freed heap memory given back to the system after a burst of pickled batches.
 
-Until a decoder's sample layout is learned (:mod:`aioloader.decode.layout`), the first
-batches' samples cross between processes pickled: from a worker to the loop, and with a
+Until a decoder's sample layout is learned (:mod:`aioloader.decode.layout`), samples cross
+between processes pickled. The first batch's probe sample usually teaches it alone
+(:mod:`aioloader.engine.epoch`); where it does not (it failed, or its shape was not the
+others'), the first batches' samples cross pickled: from a worker to the loop, and with a
 loader process, from there to the trainer (where a ``collate`` leaves them separate arrays:
 one large array crosses through a segment of its own, :func:`aioloader.run.wire.spill`).
 Each batch is megabytes, allocated and freed by one thread. glibc's malloc keeps what a

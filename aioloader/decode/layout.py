@@ -7,7 +7,8 @@ numpy or torch) per array leaf. When every sample of a batch has the same layout
 array leaf gets a block of ``batch_size`` rows in the slab, a worker writes the sample's
 arrays into its row, and the block *is* the collated batch (zero-copy).
 
-:class:`LayoutTracker` learns that layout from the first decode task (or takes a declared
+:class:`LayoutTracker` learns that layout from the first sample decoded (the first batch's
+probe, :mod:`aioloader.engine.epoch`), then from each batch (or takes a declared
 ``output_shape``), and falls back to a per-chunk output area of the slab when shapes vary:
 samples then reach the collate as views of shared memory. Nothing is declared by the user.
 
@@ -32,6 +33,7 @@ __all__ = [
     "SampleLayout",
     "SlabLayout",
     "array_spec",
+    "declared_layout",
     "describe",
     "plan_slab",
 ]
@@ -138,6 +140,14 @@ class SlabLayout:
             self.size,
         )
         return (SlabLayout, fields)
+
+
+def declared_layout(decode: object) -> SampleLayout | None:
+    """The layout a decoder declares with ``output_shape`` (and ``output_dtype``), if any."""
+    shape = getattr(decode, "output_shape", None)
+    if shape is None:
+        return None
+    return SampleLayout.declared(shape, getattr(decode, "output_dtype", "uint8"))
 
 
 def plan_slab(rows: int, sample: SampleLayout | None, input_size: int, out_size: int) -> SlabLayout:

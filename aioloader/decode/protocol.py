@@ -31,7 +31,7 @@ import cloudpickle
 import numpy as np
 
 from aioloader.base.tree import TreeDef
-from aioloader.decode.layout import ArraySpec, SlabLayout
+from aioloader.decode.layout import ArraySpec, SlabLayout, describe
 from aioloader.decode.segments import SegmentHandle
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "Source",
     "StatusTable",
     "Written",
+    "layout_evidence",
 ]
 
 #: Where a sample's file bytes are: ``(offset, length)`` in the input arena, or the bytes.
@@ -127,6 +128,26 @@ def _failed(error: bytes, traceback: str) -> Failed:
 
 
 RowResult = Written | InArea | Pickled | Failed
+
+
+def layout_evidence(
+    results: list[RowResult | None] | list[RowResult],
+) -> tuple[list[tuple[TreeDef, tuple[ArraySpec | None, ...]]], int]:
+    """What ``results`` say about the samples' layout: ``(misses, fitted)``, the tree and
+    array specs of each sample that did not go into its row, and how many did."""
+    misses = []
+    fitted = 0
+    for res in results:
+        if isinstance(res, Written):
+            fitted += 1
+        elif isinstance(res, InArea):
+            misses.append(
+                (res.treedef, tuple(x.spec if isinstance(x, ArrayRef) else None for x in res.leaves))
+            )
+        elif isinstance(res, Pickled):
+            treedef, _, specs = describe(res.value)
+            misses.append((treedef, specs))
+    return misses, fitted
 
 
 class StatusTable:

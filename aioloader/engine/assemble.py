@@ -10,10 +10,12 @@ Three ways, cheapest first:
    output area), plain leaves as they came back, pickled samples as they are, and the
    collate function (default or the user's) runs on the collate thread. The slab lives as
    long as any view of it; with ``zero_copy=False`` the views are copied out first.
-   Samples that came back pickled (decoded before the layout was learned: the first
-   batches) but have the layout learned since are written into a new slab's rows on the
-   collate thread instead, under the default collate: the batch is then a slab view like
-   the others, and a loader process sends it as one (no spill, :mod:`aioloader.run.wire`).
+   Samples that came back pickled (decoded before the layout was learned: a first batch
+   whose probe sample taught nothing) but have the layout learned since are written into
+   a new slab's rows on the collate thread instead, under the default collate: the batch
+   is then a slab view like the others, and a loader process sends it as one (no spill,
+   :mod:`aioloader.run.wire`). The probes' own samples are written into their rows of their batch's
+   slab (:meth:`Assembler.settle_probes`), the rest having been decoded into its rows.
 3. Without a slab (no decoding, no shared memory) samples are the values themselves; file
    bytes (``decode=None``) under the default collate are the batch as they are, with no
    hop to the collate thread.
@@ -156,6 +158,19 @@ class Assembler:
             raise
         finally:
             self._meter.leave(entered)
+
+    def settle_probes(self, results: list[RowResult | None], probes: int, slab: Slab | None) -> None:
+        """The first batch's probe samples (its first ``probes`` rows) came back pickled, one
+        having taught the layout: written into their rows of ``slab`` when every other sample
+        is in its row there, so that the batch is the slab's rows like any other."""
+        if not probes or slab is None or slab.layout.sample is None:
+            return
+        if not all(r is None or isinstance(r, Written) for r in results[probes:]):
+            return
+        writer = RowWriter(slab.mmap, slab.layout, None)
+        for row, res in enumerate(results[:probes]):
+            if isinstance(res, Pickled) and isinstance(written := writer.put(row, res.value), Written):
+                results[row] = written
 
     def _release(self, slab: Slab) -> None:
         assert self._slabs is not None

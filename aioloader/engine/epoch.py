@@ -21,14 +21,15 @@ from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.image import ImageDecoder
-from aioloader.decode.layout import LayoutTracker, SampleLayout, describe
+from aioloader.decode.layout import LayoutTracker, declared_layout
 from aioloader.decode.pool import DecodePool
-from aioloader.decode.protocol import ArrayRef, InArea, Pickled, RowResult, Source, Written
+from aioloader.decode.protocol import Pickled, RowResult, Source, layout_evidence
 from aioloader.decode.slabs import Slab, SlabPool
 from aioloader.decode.stage import DecodeStage
+from aioloader.engine import sizing
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.failures import FailurePolicy
-from aioloader.engine.sizing import SizeTracker, chunk_size, pooled_arenas, pooled_slabs, window_size
+from aioloader.engine.sizing import SizeTracker, pooled_arenas, pooled_slabs
 from aioloader.engine.tasks import Opening, cancel, gather_or_cancel
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
 from aioloader.observe.stats import Counters
@@ -38,15 +39,7 @@ from aioloader.read.reader import FileReader
 from aioloader.read.urls import is_remote
 from aioloader.tune.tuner import Tuner, memory_budget, trainer_pids
 
-__all__ = ["Engine", "chunk_size", "declared_layout", "pooled_arenas", "pooled_slabs", "window_size"]
-
-
-def declared_layout(decode: object) -> SampleLayout | None:
-    """The layout a decoder declares with ``output_shape`` (and ``output_dtype``), if any."""
-    shape = getattr(decode, "output_shape", None)
-    if shape is None:
-        return None
-    return SampleLayout.declared(shape, getattr(decode, "output_dtype", "uint8"))
+__all__ = ["Engine", "pooled_arenas", "pooled_slabs"]
 
 
 class Engine:
@@ -116,6 +109,7 @@ class Engine:
         self._assembler = Assembler(
             dataset.labels, slabs, config.collate, config.zero_copy, collate_pool, counters.meters["collate"]
         )
+        self._probes = pool.num_workers if isinstance(self._decoder, DecodeStage) and pool else 0
         self._layout = LayoutTracker(declared_layout(config.decode))
         self._trim = heap.BurstTrim()
         self._sizes = SizeTracker(config.batch_size)
@@ -127,7 +121,7 @@ class Engine:
         if cluster is not None:
             self.chunk = cluster_chunk(config.batch_size, cluster.tasks)
         else:
-            self.chunk = chunk_size(config.batch_size, workers)
+            self.chunk = sizing.chunk_size(config.batch_size, workers)
         #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
         self.tuner = (
             Tuner(
@@ -150,7 +144,7 @@ class Engine:
         """Batches under construction: enough to keep every read slot busy (the reader's
         limit now), at least two so the next batch starts while the current one finishes."""
         io = max(self._reader.io_concurrency, self._cluster_tasks * self.chunk)
-        return window_size(io, self._cfg.batch_size)
+        return sizing.window_size(io, self._cfg.batch_size)
 
     def _io_moved(self, io: int) -> None:
         """The read limit moved: so do the window and the slabs and arenas kept for it."""
@@ -214,7 +208,7 @@ class Engine:
             # Every batch of the window reads at once, but the later ones decode only once the
             # epoch's first batch has all its files read (its decodes then take the workers
             # first: the trainer waits for it) and, while the slabs' layout is unknown, its
-            # first chunk has taught it (the later batches then decode into rows).
+            # probe sample has taught it (the later batches then decode into rows).
             opening = Opening(self._slabs is not None and not self._layout.known)
             first = True
             while todo or building:
@@ -252,15 +246,23 @@ class Engine:
         try:
             results: list[RowResult | None] = [None] * len(indices)
             rows = range(len(indices))
-            starts = range(0, len(indices), self.chunk)
+            # While the layout is unknown, the first batch's first samples decode alone, one
+            # per worker (probes), and the first to finish teaches it; the batch's other
+            # chunks then decode into rows, not back pickled. A slow probe holds up no worker.
+            probes = self._probes if first and opening is not None and opening.need_layout else 0
+            cuts = sizing.chunk_cuts(len(indices), self.chunk, probes)
+            probes = min(probes, len(cuts))
             if first and opening is not None:
-                opening.chunks = len(starts)
-            await gather_or_cancel(
-                self._chunk(
-                    plan.epoch, k, box, inputs, indices, rows[i : i + self.chunk], results, opening, first
-                )
-                for i in starts
-            )
+                opening.chunks = len(cuts)
+                opening.probing(probes)
+            tasks = [
+                self._chunk(plan.epoch, k, box, inputs, indices, rows[a:b], results, opening, first, probes)
+                for a, b in cuts
+            ]
+            for i in range(probes):  # however a probe ends, the chunks waiting for it go on
+                tasks[i] = opening.probe_with(tasks[i])  # type: ignore[union-attr]
+            await gather_or_cancel(tasks)
+            self._assembler.settle_probes(results, probes, box[0])
             if inputs is not None:  # decoded: the file bytes are no longer needed
                 self._inputs.release(inputs)  # type: ignore[union-attr]
                 inputs = None
@@ -268,13 +270,14 @@ class Engine:
             batch, box[0] = await self._assembler.assemble(k, indices, results, box[0])
             return batch
         except BaseException:
-            for written in (box[0], inputs):  # a worker or a read may still write into it
+            for written in (*box, inputs):  # a worker or a read may still write into it
                 if written is not None:
                     written.tainted = True  # never reused
             raise
         finally:
-            if box[0] is not None:
-                self._slabs.release(box[0])  # type: ignore[union-attr]
+            for slab in box:  # box[1:]: the slabs the probes ran with, before the layout
+                if slab is not None:
+                    self._slabs.release(slab)  # type: ignore[union-attr]
             if inputs is not None:
                 self._inputs.release(inputs)  # type: ignore[union-attr]
 
@@ -289,8 +292,11 @@ class Engine:
         results: list[RowResult | None],
         opening: Opening | None,
         first: bool,
+        probes: int = 0,
     ) -> None:
-        """Read the files of ``rows`` concurrently, then decode them in one worker task."""
+        """Read the files of ``rows`` concurrently, then decode them in one worker task
+        (``probes``: the batch's first rows, each decoded alone to teach the layout; its
+        other chunks wait for that, then decode into a slab of the layout learned)."""
         items: list[tuple[int, int, Any]]
         if self._cluster_reads:  # URLs go to the Ray tasks as they are
             paths = self._ds.paths_of([indices[r] for r in rows])
@@ -304,7 +310,11 @@ class Engine:
         else:
             sources = await self._read(indices, rows, inputs)
             items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
-        if first and opening is not None:
+        # A chunk of the first batch counts as ready for the later batches once it is about
+        # to ask for a decode slot: a probe's follower only after the probes, so that the
+        # later batches, let in by the last of them, ask after every chunk of the first.
+        follower = rows[0] >= probes > 0 and opening is not None
+        if first and opening is not None and (not follower or not items):
             opening.chunk_read()
         if not items:
             return
@@ -314,6 +324,16 @@ class Engine:
             return
         if not first and opening is not None:
             await opening.wait((k, rows[0]))
+        if follower and opening is not None:
+            await opening.after_probe()
+            if (
+                box[0] is not None
+                and box[0].layout.sample is None
+                and self._slabs is not None
+                and self._slabs.sample
+            ):
+                box[:1] = [self._slabs.acquire(), box[0]]  # a probe may still run with the old one
+            opening.chunk_read()  # then straight to its slot, before any later batch resumes
         if box[0] is None and self._slabs is not None:
             box[0] = self._slabs.acquire()
         slab = box[0]
@@ -371,16 +391,6 @@ class Engine:
             heap.trim()
 
     def _observe(self, results: list[RowResult | None] | list[RowResult], slab: Slab) -> None:
-        misses = []
-        fitted = 0
-        for res in results:
-            if isinstance(res, Written):
-                fitted += 1
-            elif isinstance(res, InArea):
-                specs = tuple(x.spec if isinstance(x, ArrayRef) else None for x in res.leaves)
-                misses.append((res.treedef, specs))
-            elif isinstance(res, Pickled):
-                treedef, _, specs = describe(res.value)
-                misses.append((treedef, specs))
+        misses, fitted = layout_evidence(results)
         if misses or not self._layout.known:
             self._layout.observe(misses, fitted, slab.layout.sample)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["SizeTracker", "chunk_size", "pooled_arenas", "pooled_slabs", "window_size"]
+__all__ = ["SizeTracker", "chunk_cuts", "chunk_size", "pooled_arenas", "pooled_slabs", "window_size"]
 
 
 def window_size(io_concurrency: int, batch_size: int) -> int:
@@ -35,6 +35,13 @@ def chunk_size(batch_size: int, num_workers: int) -> int:
     if num_workers <= 0:
         return batch_size
     return max(1, min(32, math.ceil(batch_size / (2 * num_workers))))
+
+
+def chunk_cuts(n: int, chunk: int, probes: int = 0) -> list[tuple[int, int]]:
+    """A batch of ``n`` samples as decode tasks of ``chunk``: ``(start, end)`` row ranges in
+    order; the first ``probes`` rows one per task first (each may teach the layout)."""
+    head = [(r, r + 1) for r in range(min(probes, n))]
+    return head + [(a, min(a + chunk, n)) for a in range(len(head), n, chunk)]
 
 
 class SizeTracker:

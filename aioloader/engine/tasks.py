@@ -19,7 +19,12 @@ class Opening:
     has all its files read and no layout is still to learn from it, or once it is done
     (whoever runs it calls :meth:`open` then). Waiters go on in ``key`` order, smallest
     first, so the decode slots they ask for next are granted in epoch order too (see
-    :mod:`aioloader.decode.slots`). Loop-bound."""
+    :mod:`aioloader.decode.slots`).
+
+    While the layout is unknown, the first batch's first samples may decode alone first, one
+    per worker (probes, :meth:`probing`): the batch's other chunks wait until one of them
+    taught the layout (:meth:`after_probe`) and resume before the later batches do, so they
+    take the decode slots first. Loop-bound."""
 
     def __init__(self, need_layout: bool) -> None:
         self.need_layout = need_layout
@@ -27,6 +32,8 @@ class Opening:
         self.is_open = False
         self._waiters: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
+        self._probes = 0
+        self._followers: list[asyncio.Future[None]] = []
 
     async def wait(self, key: tuple[int, ...]) -> None:
         if self.is_open:
@@ -38,9 +45,42 @@ class Opening:
     def open(self) -> None:
         if self.is_open:
             return
+
         self.is_open = True
         while self._waiters:  # resumed in this order
             _, _, fut = heapq.heappop(self._waiters)
+            if not fut.done():
+                fut.set_result(None)
+
+    def probing(self, probes: int) -> None:
+        """The first batch's first ``probes`` samples decode alone, each in a task of its own,
+        to teach the layout; the batch's other chunks decode once one of them did, or all of
+        them ended (:meth:`after_probe`)."""
+        self._probes = probes
+
+    async def probe_with(self, probe: Awaitable[None]) -> None:
+        """Run a probe; once every probe has ended, however, the chunks waiting go on."""
+        try:
+            await probe
+        finally:
+            self._probes -= 1
+            if self._probes <= 0:
+                self._end_probe()
+
+    async def after_probe(self) -> None:
+        if self._probes <= 0:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._followers.append(fut)
+        await fut
+
+    def _end_probe(self) -> None:
+
+        # The first batch's chunks resume before the later batches are let in (layout_learned
+        # opens them next), so they ask for decode slots first and the workers take them first.
+        self._probes = 0
+        followers, self._followers = self._followers, []
+        for fut in followers:
             if not fut.done():
                 fut.set_result(None)
 
@@ -50,6 +90,7 @@ class Opening:
 
     def layout_learned(self) -> None:
         self.need_layout = False
+        self._end_probe()
         self._check()
 
     def _check(self) -> None:

@@ -1,0 +1,247 @@
+"""The first batch's probe (aioloader/engine/epoch.py, ``Opening`` in engine/tasks.py).
+
+While the slabs' layout is unknown (a decoder that declares nothing, at the start), the
+epoch's first samples decode alone, one per worker (probes), and the first to finish teaches
+it; the first batch's other chunks then decode straight into the rows of a slab of that
+layout instead of crossing back pickled, and they take the workers before any later batch
+does. The probes' own samples are written into their rows, so the first batch is a slab's
+rows like every other one. A slow probe holds up no worker: the others teach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aioloader import Loader
+from aioloader.decode.protocol import Pickled
+from aioloader.decode.slots import OrderedSlots
+from aioloader.engine.sizing import chunk_cuts
+from aioloader.engine.tasks import Opening
+
+
+def test_chunk_cuts_put_the_probes_first_then_whole_chunks() -> None:
+    assert chunk_cuts(8, 3) == [(0, 3), (3, 6), (6, 8)]
+    assert chunk_cuts(8, 3, probes=1) == [(0, 1), (1, 4), (4, 7), (7, 8)]
+    assert chunk_cuts(8, 3, probes=2) == [(0, 1), (1, 2), (2, 5), (5, 8)]
+    assert chunk_cuts(2, 3, probes=4) == [(0, 1), (1, 2)]  # probes are the whole batch
+    assert chunk_cuts(0, 3, probes=2) == []
+    for n in range(1, 40):
+        for probes in (0, 1, 2, 5):
+            cuts = chunk_cuts(n, 16, probes)
+            assert [a for a, _ in cuts[1:]] == [b for _, b in cuts[:-1]]  # contiguous, in order
+            assert cuts[0][0] == 0 and cuts[-1][1] == n
+            assert all(0 < b - a <= 16 for a, b in cuts)
+
+
+@pytest.mark.asyncio
+async def test_the_probes_followers_take_the_slots_before_the_later_batches() -> None:
+    """The probe teaches the layout: the first batch's other chunks resume first and ask for
+    decode slots first, then the later batches, smallest key first."""
+    opening = Opening(need_layout=True)
+    opening.chunks = 3  # the probe and two chunks
+    opening.probing(1)
+    slots = OrderedSlots(2)
+    granted: list[tuple[int, int]] = []
+
+    async def chunk(k: int, row: int) -> None:
+        if k == 0:
+            await opening.after_probe()
+            opening.chunk_read()
+        else:
+            await opening.wait((k, row))
+        async with slots.slot((k, row)):
+            granted.append((k, row))
+            await asyncio.sleep(0.01)
+
+    async def probe() -> None:
+        opening.chunk_read()
+        await asyncio.sleep(0.01)  # its decode
+        opening.layout_learned()
+
+    later = [asyncio.ensure_future(chunk(k, 0)) for k in (2, 1)]  # their reads done first
+    await asyncio.sleep(0)
+    followers = [asyncio.ensure_future(chunk(0, row)) for row in (1, 9)]
+    await asyncio.sleep(0.005)
+    assert granted == []  # nobody decodes before the probe taught the layout
+    await opening.probe_with(probe())
+    await asyncio.gather(*later, *followers)
+    assert granted == [(0, 1), (0, 9), (1, 0), (2, 0)]
+
+
+@pytest.mark.asyncio
+async def test_a_later_batch_read_just_as_the_probe_ends_waits_for_the_followers() -> None:
+    """A later batch's chunk whose read completes just as the probe teaches the layout (it
+    resumes before the followers do) must still find the opening closed: the later batches
+    are let in by the last follower, once it asks for its slot, not when the reads are done."""
+    opening = Opening(need_layout=True)
+    opening.chunks = 3  # a probe and two followers
+    opening.probing(1)
+    slots = OrderedSlots(4)  # free: whoever asks first gets one first
+    granted: list[tuple[int, int]] = []
+    read_done = asyncio.Event()
+
+    async def follower(row: int) -> None:
+        await opening.after_probe()
+        opening.chunk_read()  # as the engine does: then straight to its slot
+        async with slots.slot((0, row)):
+            granted.append((0, row))
+
+    async def late() -> None:
+        await read_done.wait()
+        await opening.wait((1, 0))
+        async with slots.slot((1, 0)):
+            granted.append((1, 0))
+
+    tasks = [asyncio.ensure_future(c) for c in (follower(1), follower(2), late())]
+    await asyncio.sleep(0)
+    opening.chunk_read()  # the probe's read
+    read_done.set()  # the later chunk resumes first...
+    opening.layout_learned()  # ...then the followers, let go by the probe
+    await asyncio.wait_for(asyncio.gather(*tasks), 1)
+    assert granted == [(0, 1), (0, 2), (1, 0)]
+
+
+@pytest.mark.asyncio
+async def test_a_probe_that_fails_lets_its_followers_go() -> None:
+    """A probe that raises (a read or decode that failed, a cancellation) still lets the
+    first batch's other chunks go: they decode without a layout, as before there was one."""
+    opening = Opening(need_layout=True)
+    opening.probing(1)
+    follower = asyncio.ensure_future(opening.after_probe())
+    await asyncio.sleep(0)
+    assert not follower.done()
+
+    async def failing() -> None:
+        raise OSError("the probe's file is gone")
+
+    with pytest.raises(OSError):
+        await opening.probe_with(failing())
+    await asyncio.wait_for(follower, 1)
+    assert opening.need_layout  # nothing was learned: later batches wait for the first to end
+    await asyncio.wait_for(opening.after_probe(), 1)  # once over, never waits
+
+
+@pytest.mark.asyncio
+async def test_followers_go_once_one_probe_taught_or_every_probe_ended() -> None:
+    """Two probes: the first to teach the layout lets the followers go, however long the
+    other takes; probes that all end without teaching let them go too."""
+    opening = Opening(need_layout=True)
+    opening.probing(2)
+    slow = asyncio.Event()
+
+    async def probe(teaches: bool, wait: asyncio.Event | None = None) -> None:
+        if wait is not None:
+            await wait.wait()
+        if teaches:
+            opening.layout_learned()
+
+    slow_probe = asyncio.ensure_future(opening.probe_with(probe(True, slow)))
+    follower = asyncio.ensure_future(opening.after_probe())
+    await opening.probe_with(probe(True))
+    await asyncio.wait_for(follower, 1)  # the other probe still runs
+    assert not slow_probe.done()
+    slow.set()
+    await slow_probe
+
+    opening = Opening(need_layout=True)
+    opening.probing(2)
+    follower = asyncio.ensure_future(opening.after_probe())
+    await opening.probe_with(probe(False))
+    await asyncio.sleep(0)
+    assert not follower.done()  # one probe left that may still teach
+    await opening.probe_with(probe(False))
+    await asyncio.wait_for(follower, 1)
+    assert opening.need_layout
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_follower_leaves_the_others_waiting_for_the_probe() -> None:
+    opening = Opening(need_layout=True)
+    opening.probing(1)
+    a = asyncio.ensure_future(opening.after_probe())
+    b = asyncio.ensure_future(opening.after_probe())
+    await asyncio.sleep(0)
+    a.cancel()
+    await asyncio.sleep(0)
+    assert a.cancelled() and not b.done()
+    opening.layout_learned()
+    await asyncio.wait_for(b, 1)
+
+
+@pytest.mark.asyncio
+async def test_without_a_probe_nobody_waits_for_one() -> None:
+    opening = Opening(need_layout=False)
+    opening.probing(0)
+    await asyncio.wait_for(opening.after_probe(), 1)
+
+
+def _number(data: bytes) -> np.ndarray:
+    """The file's number (``sample-000123``), 4 KiB of it: an array whose layout nothing
+    declares."""
+    return np.full((4, 32, 32), int(data[-6:]), dtype=np.uint8)
+
+
+_first_call = {"failed": False}
+
+
+def _number_but_a_workers_first(data: bytes) -> np.ndarray:
+    """:func:`_number`, except that the first call in each worker process raises (the
+    dictionary goes to each worker by value)."""
+    if not _first_call["failed"]:
+        _first_call["failed"] = True
+        raise ValueError("a worker's first sample")
+    return _number(data)
+
+
+def _count_pickled(loader: Loader) -> dict[int, int]:
+    """Wrap the in-process engine's decode stage: the samples that come back pickled, by
+    batch number (summed over epochs)."""
+    stage = loader._runtime.engine._decoder  # type: ignore[union-attr]
+    run = stage.run
+    counts: dict[int, int] = {}
+
+    async def counted(epoch: int, k: int, *args: Any, **kwargs: Any) -> Any:
+        outcomes = await run(epoch, k, *args, **kwargs)
+        counts[k] = counts.get(k, 0) + sum(isinstance(o, Pickled) for o in outcomes)
+        return outcomes
+
+    stage.run = counted
+    return counts
+
+
+def test_only_the_probes_cross_pickled_and_the_first_batch_is_right(numbered: list[str]) -> None:
+    with Loader(
+        numbered, batch_size=8, decode=_number, num_workers=2, shuffle=False, loader_process=False
+    ) as loader:
+        pickled = _count_pickled(loader)
+        batches = [b.clone() for b in loader]
+        assert pickled[0] == 2 and sum(pickled.values()) == 2  # a probe per worker; the rest in rows
+        got = [int(row[0, 0, 0]) for b in batches for row in b]
+        assert got == list(range(len(numbered)))  # the probes' samples are rows 0 and 1
+        assert batches[0].shape == (8, 4, 32, 32)
+
+
+def test_a_failed_probe_falls_back_to_learning_from_the_first_chunk(numbered: list[str]) -> None:
+    """The probe's sample fails (skipped): nothing is learned from it, its batch's other chunks
+    decode without a layout and come back pickled as before the probe existed, and the
+    layout is learned from them; every other sample arrives, in order."""
+    with Loader(
+        numbered,
+        batch_size=8,
+        decode=_number_but_a_workers_first,
+        num_workers=1,
+        shuffle=False,
+        on_error="skip",
+        loader_process=False,
+    ) as loader:
+        pickled = _count_pickled(loader)
+        got = [int(row[0, 0, 0]) for b in loader for row in b]
+        assert got == list(range(1, len(numbered)))  # sample 0 was the probe, and failed
+        assert pickled.get(0) == 7 and sum(pickled.values()) == 7
+        assert loader.stats.failures_by_reason
+        got = [int(row[0, 0, 0]) for b in loader for row in b]  # the next epoch: rows only
+        assert got == list(range(len(numbered)))
