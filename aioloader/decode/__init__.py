@@ -3,7 +3,7 @@
 | module | role |
 | --- | --- |
 | ``stage.py`` | the stage the engine awaits: slots, hot start, timeouts, crashes, resubmission |
-| ``protocol.py`` | what crosses to a worker: the ``Chunk`` task, typed row results (and what they say of the layout), the status table |
+| ``protocol.py`` | what crosses to a worker: the ``Chunk`` task, typed row results, the status table |
 | ``layout.py`` | pure: where samples go in a slab; the layout learned from the samples themselves |
 | ``slabs.py`` | shared-memory batch slabs and their pool |
 | ``segments.py`` | the memory under a slab (memfd, else ``/dev/shm``) and how another process maps it |
