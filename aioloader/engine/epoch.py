@@ -205,10 +205,10 @@ class Engine:
             else None
         )
         try:
-            # Every batch of the window reads at once, but the later ones decode only once the
-            # epoch's first batch has all its files read (its decodes then take the workers
-            # first: the trainer waits for it) and, while the slabs' layout is unknown, its
-            # probe sample has taught it (the later batches then decode into rows).
+            # Every batch of the window reads at once, but the later ones decode only once
+            # every chunk of the epoch's first batch is read and has asked for its decode slot
+            # (its decodes then take the workers first: the trainer waits for it) and, while
+            # the slabs' layout is unknown, a probe has taught it (they decode into rows).
             opening = Opening(self._slabs is not None and not self._layout.known)
             first = True
             while todo or building:

@@ -15,11 +15,11 @@ T = TypeVar("T")
 
 
 class Opening:
-    """When an epoch's later batches may decode (see ``Engine._run``): once its first batch
-    has all its files read and no layout is still to learn from it, or once it is done
-    (whoever runs it calls :meth:`open` then). Waiters go on in ``key`` order, smallest
-    first, so the decode slots they ask for next are granted in epoch order too (see
-    :mod:`aioloader.decode.slots`).
+    """When an epoch's later batches may decode (see ``Engine._run``): once every chunk of
+    its first batch is read and about to ask for its decode slot (:meth:`chunk_read`) and no
+    layout is still to learn from it, or once it is done (whoever runs it calls :meth:`open`
+    then). Waiters go on in ``key`` order, smallest first, so the decode slots they ask for
+    next are granted in epoch order too (see :mod:`aioloader.decode.slots`).
 
     While the layout is unknown, the first batch's first samples may decode alone first, one
     per worker (probes, :meth:`probing`): the batch's other chunks wait until one of them
