@@ -31,7 +31,10 @@ would start it cold, as a fresh training process does. ``--rounds`` interleaved 
 aioloader; then the next decode; then the next round); the table shows medians. CPU: the
 whole process tree's user+sys CPU per image (``/proc``: this process, its live descendants,
 and those already reaped), and the trainer's process alone per batch
-(``time.process_time()``).
+(``time.process_time()``). The trainer reads a byte of every page of each batch, as a
+training step would (``--no-touch``: it reads nothing). Peak PSS of the whole tree comes from
+``--memory-rounds`` more interleaved rounds that sample ``smaps_rollup`` every 250 ms; the
+timed rounds sample nothing, as the sampling takes CPU from the loaders it measures.
 
 ``--small-files`` measures files/s instead: ``--files`` files of 4 KB, page cache warm,
 ``decode=None`` (aioloader delivers the bytes, read on its loop, then by its reader
@@ -40,7 +43,7 @@ processes once they are up; DataLoader's workers read them).
 hook). ``--train-ms T`` adds runs with a simulated train step (``time.sleep``) per batch and
 compares the total with ``steps x max(T_load, T)``.
 
-    python benchmarks/throughput.py [--images 2000] [--rounds 3] [--workers N]
+    python benchmarks/throughput.py [--images 2000] [--rounds 3] [--memory-rounds 3] [--no-touch] [--workers N]
                                     [--decode function,declared,image,tensor,dict|all]
                                     [--small-files [--files 20000]]
                                     [--read-delay-ms 0] [--train-ms 0] [--image-size 500x375]
