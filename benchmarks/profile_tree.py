@@ -145,9 +145,10 @@ def role(comm: str, pid: int, root: int, mode: str) -> str:
         return "trainer"
     if comm.startswith("aioloader-"):
         return {
-            "aioloader-worke": "aioloader-worker",
-            "aioloader-zygot": "aioloader-zygote",
-            "aioloader-loade": "aioloader-loader",
+            # earlier names, cut by the kernel, in profiles recorded before they changed
+            "aioloader-worke": "aioloader-work",
+            "aioloader-zygot": "aioloader-fork",
+            "aioloader-loade": "aioloader-loop",
         }.get(comm, comm)
     if comm == "py-spy":
         return "py-spy"
@@ -219,7 +220,7 @@ def report_cpu(mode: str, res: dict) -> list[str]:
             if c / n >= 5e-6
         )
         lines.append(f"| {r} | {counts[r]} | {cpu / n * 1e3:.3f} | {parts} |")
-    workers = sum(c for r, c in by_role.items() if r in ("aioloader-worker", "DataLoader worker"))
+    workers = sum(c for r, c in by_role.items() if r in ("aioloader-work", "DataLoader worker"))
     lines += [
         "",
         f"decode workers' overhead (their CPU minus the decode): {(workers - decode) / n * 1e3:.3f} ms/image",

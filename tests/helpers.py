@@ -421,7 +421,7 @@ class WhereDecoded(ImageDecoder):
     start included) whose samples also say which process decoded them: ``(image, pid)``.
 
     Holds the decode workers back: a worker unpickles its decoder once, as it starts, and
-    this one waits there, in a process named ``aioloader-worker``, until the file ``gate``
+    this one waits there, in a process named ``aioloader-work`` (a decode worker), until the file ``gate``
     exists; then it writes ``<gate>.<pid>`` and the worker starts. The loader's own process
     unpickles it without waiting."""
 
@@ -433,7 +433,7 @@ class WhereDecoded(ImageDecoder):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if process_name(os.getpid()) == "aioloader-worke":  # the kernel keeps 15 bytes
+        if process_name(os.getpid()) == "aioloader-work":  # a decode worker
             while not os.path.exists(self.gate):
                 time.sleep(0.005)
             Path(f"{self.gate}.{os.getpid()}").touch()

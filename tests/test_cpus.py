@@ -34,7 +34,7 @@ from helpers import decode_number, descendants
 from aioloader import Loader
 from aioloader.config import usable_cpus
 
-WORKER = "aioloader-worker"[:15]  # /proc/<pid>/comm keeps 15 bytes
+WORKER = "aioloader-work"  # /proc/<pid>/comm: a decode worker
 
 def comm(pid):
     try:

@@ -385,11 +385,11 @@ def test_a_killed_loader_process_leaves_no_devshm_slab(tmp_path: Path, numbered:
     assert "leaked" not in out.stderr, out.stderr  # the resource tracker found nothing at exit
 
 
-LOADER = "aioloader-loader"[:15]  # /proc/<pid>/comm keeps 15 bytes
+LOADER = "aioloader-loop"  # /proc/<pid>/comm: the loader process
 
 
 def test_by_default_a_loader_runs_in_a_loader_process(numbered: list[str]) -> None:
-    """No ``loader_process`` argument: the pipeline runs in an ``aioloader-loader`` process
+    """No ``loader_process`` argument: the pipeline runs in an ``aioloader-loop`` process
     of this process's tree, the trainer's process keeps only the bridge, and ``runtime``
     says so."""
     loader = Loader(numbered, batch_size=5, decode=decode_number, num_workers=1, shuffle=False)

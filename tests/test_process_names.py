@@ -1,9 +1,8 @@
 """The loader's helper processes say what they are in ``/proc/<pid>/comm``, what ``ps``,
-``top`` and ``htop`` show (DESIGN.md, "Processes say what they are"): the zygote
-``aioloader-zygote``, every decode worker ``aioloader-worker``, the loader process
-``aioloader-loader``, as far as the kernel keeps them: 15 bytes, so ``ps`` shows
-``aioloader-zygot``, ``aioloader-worke`` and ``aioloader-loade``. Everything is read from the
-outside, through /proc and ``ps``."""
+``top`` and ``htop`` show (DESIGN.md, "Processes say what they are"), each name whole within
+the kernel's 15 bytes: the zygote ``aioloader-fork``, the loader process ``aioloader-loop``,
+every decode worker ``aioloader-work``, every reader process ``aioloader-read``. Everything
+is read from the outside, through /proc and ``ps``."""
 
 from __future__ import annotations
 
@@ -21,8 +20,9 @@ from aioloader.decode import zygote
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process names are Linux's")
 
-# What /proc/<pid>/comm holds: the names cut to the kernel's 15 bytes.
-ZYGOTE, WORKER, LOADER = (name[:15] for name in ("aioloader-zygote", "aioloader-worker", "aioloader-loader"))
+# What /proc/<pid>/comm holds: written out, not taken from the package, so a renamed or
+# lengthened name fails here.
+ZYGOTE, WORKER, LOADER, READER = "aioloader-fork", "aioloader-work", "aioloader-loop", "aioloader-read"
 
 
 def comm(pid: int) -> str:
@@ -132,3 +132,30 @@ def test_the_stock_fork_servers_workers_are_named(numbered: list[str], tmp_path:
     out, err = finish_script(proc)
     assert proc.returncode == 0, err
     assert out.split() == [WORKER, WORKER]
+
+
+def test_every_name_reads_whole_and_says_aioloader() -> None:
+    """The kernel keeps 15 bytes of a name: each of ours fits whole, each is another role's
+    than the others, and each starts with ``aioloader`` (for ``pgrep aioloader``)."""
+    from aioloader.safety import lifeline
+
+    assert lifeline.NAMES == {"zygote": ZYGOTE, "loader": LOADER, "worker": WORKER, "reader": READER}
+    assert all(len(name.encode()) <= 15 and name.startswith("aioloader") for name in lifeline.NAMES.values())
+
+
+def test_reader_processes_are_named() -> None:
+    """Reader processes (fast local reads for ``decode=None``) name themselves too."""
+    from aioloader.read.workers import ReadWorkers
+
+    workers = ReadWorkers(2)
+    workers.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(workers.pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pids = workers.pids()
+        assert len(pids) == 2
+        names = settled_names([READER] * 2)
+    finally:
+        workers.close()
+    assert sorted(names[p] for p in pids) == [READER] * 2

@@ -428,7 +428,7 @@ def test_the_leak_check_leaves_out_rays_own_and_nothing_of_aioloaders(
             assert any(link.endswith(f"{os.sep}held") for link in conftest._fds())
         with local_loader(numbered, batch_size=8, decode=decode_number) as loader:
             next(iter(loader))
-            workers = named("aioloader-worke")  # comm keeps 15 bytes
+            workers = named("aioloader-work")  # a decode worker's comm
             assert workers and not workers & ray_processes(process_tree())
     finally:
         stop.set()

@@ -36,7 +36,7 @@ from helpers import (
 from aioloader import FileDataset, ImageDecoder, Loader
 from aioloader.decode import zygote
 
-WORKER, LOADER = "aioloader-worke", "aioloader-loade"  # /proc/<pid>/comm keeps 15 bytes
+WORKER, LOADER = "aioloader-work", "aioloader-loop"  # /proc/<pid>/comm
 HANG_GUARD = 60.0  # seconds; only ever reached when the promise is broken
 
 SCRIPT = """
@@ -60,8 +60,8 @@ if __name__ == "__main__":
         ppid = lambda p: open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1]
         comm = lambda p: open(f"/proc/{{p}}/comm").read().strip()
         kids = [p for p in os.listdir("/proc") if p.isdigit() and ppid(p) == zpid]
-        print("pids", *sorted(p for p in kids if comm(p) == "aioloader-worke"), flush=True)
-        print("loaders", *sorted(p for p in kids if comm(p) == "aioloader-loade"), flush=True)
+        print("pids", *sorted(p for p in kids if comm(p) == "aioloader-work"), flush=True)
+        print("loaders", *sorted(p for p in kids if comm(p) == "aioloader-loop"), flush=True)
 """
 
 

@@ -38,7 +38,7 @@ def main(conn: Connection, handle: SegmentHandle) -> None:
     sent (the part's number in one byte, then the pickled paths) into that part of the
     buffer ``handle`` names (offsets in the answer are the part's), answer, until the pipe
     closes."""
-    lifeline.become("worker")
+    lifeline.become("reader")
     lifeline.follow_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer owns shutdown
     try:

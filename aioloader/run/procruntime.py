@@ -39,7 +39,7 @@ from aioloader.run.bridge import Bridge
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
 from aioloader.run.pipeline import slabs_pooled
-from aioloader.safety import doctor, gcfreeze
+from aioloader.safety import doctor, gcfreeze, lifeline
 
 __all__ = ["NoZygote", "PipeRun", "ProcessRuntime"]
 
@@ -239,7 +239,7 @@ class ProcessRuntime(runtime.RuntimeBase):
                 where,
                 logging.getLogger("aioloader").getEffectiveLevel(),
             ),
-            name="aioloader-loader",
+            name=lifeline.NAMES["loader"],
             # Not a daemon: a daemon may not have children (its decode workers). Shutdown,
             # the exit hook and SIGTERM stop it, and its lifeline ends it with the trainer.
             daemon=False,

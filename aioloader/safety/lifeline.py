@@ -19,8 +19,8 @@ multiprocessing's resource tracker, once every holder of its pipe is gone, unlin
 shared-memory slabs and semaphores still registered with it (see :mod:`aioloader.decode.slabs`).
 
 Each helper also says what it is (:func:`name_process`), so ``ps``, ``top`` and ``htop`` show
-``aioloader-zygote``, ``aioloader-worker`` and ``aioloader-loader`` rather than a row of
-``python``, and records its role (:func:`become`): a loader cannot be started inside one
+its whole name (:data:`NAMES`: ``aioloader-fork``, ``aioloader-loop``, ``aioloader-work``,
+``aioloader-read``) rather than a row of ``python``, and records its role (:func:`become`): a loader cannot be started inside one
 (:func:`refuse_loader_here`), because its code would run in a worker or the loader process,
 where a second pool of helpers is never what the user meant.
 """
@@ -36,9 +36,28 @@ import threading
 
 from aioloader.errors import LoaderError
 
-__all__ = ["become", "die_with_parent", "exit_when_closed", "name_process", "refuse_loader_here", "role"]
+__all__ = [
+    "NAMES",
+    "become",
+    "die_with_parent",
+    "exit_when_closed",
+    "name_process",
+    "refuse_loader_here",
+    "role",
+]
 
 _role: str | None = None
+
+#: What each helper is called where ``ps``, ``top`` and ``htop`` look (``/proc/<pid>/comm``),
+#: by its role. The kernel keeps 15 bytes of a name, so each is at most 15 and reads whole
+#: (``aioloader-worker``, 16, showed as ``aioloader-worke``); all start with ``aioloader``,
+#: so ``pgrep aioloader`` finds every one.
+NAMES = {
+    "zygote": "aioloader-fork",  # the zygote: the fork server that makes the others
+    "loader": "aioloader-loop",  # the loader process: the loader's event loop, reads, collate
+    "worker": "aioloader-work",  # a decode worker
+    "reader": "aioloader-read",  # a reader process (fast local reads off the loop)
+}
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -124,13 +143,12 @@ def follow_parent() -> None:
 
 
 def become(what: str) -> None:
-    """Record that this process is aioloader's ``what`` (``"zygote"``, ``"worker"``,
-    ``"loader"``; inherited by what it forks) and name it ``aioloader-<what>`` where
-    ``ps`` and ``top`` look (:func:`name_process`). Call it first:
-    threads started afterwards inherit the name."""
+    """Record that this process is aioloader's ``what`` (a key of :data:`NAMES`; inherited
+    by what it forks) and give it that role's name where ``ps`` and ``top`` look
+    (:func:`name_process`). Call it first: threads started afterwards inherit the name."""
     global _role
     _role = what
-    name_process(f"aioloader-{what}")
+    name_process(NAMES[what])
 
 
 def role() -> str | None:
