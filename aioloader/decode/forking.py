@@ -14,6 +14,15 @@ preparation data without the main module, for the zygote's children and for the 
 server's alike, so no helper ever imports or runs the script, however it was started
 (a relative path, ``..``, a symlink, ``python -m``, torchrun).
 
+What a helper starts with is the asking process's present, never a snapshot: the working
+directory and ``sys.path`` travel in the preparation data, and its environment variables
+(:func:`follow_environ`) with the process object, so a variable set, changed or removed
+after an earlier loader started (a notebook cell exporting a token, ``os.environ[...] =``)
+is seen by the next loader's helpers as it is now. The zygote's own ``os.environ`` is a copy
+of the moment it was forked and must never reach them. (Variables a library read when it
+was imported, in the zygote, such as ``OMP_NUM_THREADS`` for torch, keep the value it read
+then, as in any forked child.)
+
 What a helper is, once started, is recorded by :func:`aioloader.safety.lifeline.become`.
 """
 
@@ -21,11 +30,12 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
 from multiprocessing import context as mpcontext
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from typing import Any
 
-__all__ = ["StockContext", "preparation_data"]
+__all__ = ["HelperProcess", "StockContext", "follow_environ", "preparation_data"]
 
 #: The keys of multiprocessing's preparation data that make a child import the main module.
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
@@ -40,9 +50,33 @@ def preparation_data(name: str) -> dict[str, Any]:
     return data
 
 
+def follow_environ(environ: Mapping[str, str]) -> None:
+    """Make this process's environment ``environ``: variables it lacks are removed, others
+    set (through ``os.environ``, so C code's ``getenv`` sees them too)."""
+    for name in [n for n in os.environ if n not in environ]:
+        del os.environ[name]
+    for name, value in environ.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+class HelperProcess(mpcontext.ForkServerProcess):
+    """A fork-server process that takes the asking process's environment as it was at
+    :func:`launch` (see the module docstring) before it runs anything."""
+
+    _environ: dict[str, str] | None = None
+
+    def run(self) -> None:
+        if self._environ is not None:
+            follow_environ(self._environ)
+        super().run()
+
+
 def launch(popen: popen_forkserver.Popen, process_obj: Any, server: Any) -> None:
     """``popen_forkserver.Popen._launch`` with :func:`preparation_data`, asking ``server``
-    (a ``ForkServer``) for the new process."""
+    (a ``ForkServer``) for the new process, which gets this process's environment as it is
+    now (:class:`HelperProcess`)."""
+    process_obj._environ = dict(os.environ)
     buf = io.BytesIO()
     mpcontext.set_spawning_popen(popen)
     try:
@@ -64,7 +98,7 @@ class _StockPopen(popen_forkserver.Popen):
         launch(self, process_obj, forkserver._forkserver)
 
 
-class _StockProcess(mpcontext.ForkServerProcess):
+class _StockProcess(HelperProcess):
     @staticmethod
     def _Popen(process_obj: Any) -> Any:
         return _StockPopen(process_obj)

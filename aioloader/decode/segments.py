@@ -25,8 +25,8 @@ leaves nothing), and ``aioloader doctor`` finds those of dead processes.
 ``AIOLOADER_SLABS`` chooses, read each time a slab pool is made (:func:`choose_kind`):
 ``auto`` (the default: memfd where possible, else ``/dev/shm``), ``memfd`` (memfd or no
 slabs: every sample is pickled), ``devshm`` (always ``/dev/shm``, e.g. to test the fallback).
-A loader process (the default, :mod:`aioloader.run.loaderproc`) reads the environment it was forked with, the
-zygote's: the process's as it was when its first loader started.
+A loader process (the default, :mod:`aioloader.run.loaderproc`) reads the trainer's environment as it
+was when the loader started (:mod:`aioloader.decode.forking`).
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ class _ZygotePopen(popen_forkserver.Popen):
         forking.launch(self, process_obj, _server)
 
 
-class _ZygoteProcess(mpcontext.ForkServerProcess):
+class _ZygoteProcess(forking.HelperProcess):
     @staticmethod
     def _Popen(process_obj: Any) -> Any:
         return _ZygotePopen(process_obj)

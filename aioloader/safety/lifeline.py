@@ -20,9 +20,10 @@ shared-memory slabs and semaphores still registered with it (see :mod:`aioloader
 
 Each helper also says what it is (:func:`name_process`), so ``ps``, ``top`` and ``htop`` show
 its whole name (:data:`NAMES`: ``aioloader-fork``, ``aioloader-loop``, ``aioloader-work``,
-``aioloader-read``) rather than a row of ``python``, and records its role (:func:`become`): a loader cannot be started inside one
-(:func:`refuse_loader_here`), because its code would run in a worker or the loader process,
-where a second pool of helpers is never what the user meant.
+``aioloader-read``) rather than a row of ``python``, and records its role (:func:`become`):
+a loader cannot be started inside one (:func:`refuse_loader_here`), because its code would
+run in a worker or the loader process, where a second pool of helpers is never what the
+user meant.
 """
 
 from __future__ import annotations
