@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import re
 import threading
 import time
@@ -143,6 +144,49 @@ def test_unordered_delivers_in_completion_order(frontend: Driver, numbered: list
             batches = frontend.epoch(loader)
         assert 0 in flatten([batches[position]]), (ordered, [flatten([b]) for b in batches])
         assert sorted(flatten(batches)) == list(range(37))
+
+
+class HeldUntil:
+    """Decode numbered files; the file numbered ``held`` waits until the file ``gate``
+    exists (60 s at most, so that a loader that waits for it fails the test, not hangs)."""
+
+    def __init__(self, held: int, gate: str) -> None:
+        self.held, self.gate = held, gate
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        value = decode_number(data)
+        if int(value[0]) == self.held:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return value
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_unordered_a_slow_first_sample_holds_back_only_itself(
+    frontend: Driver, numbered: list[str], tmp_path: Path, batch_size: int
+) -> None:
+    """``ordered=False`` is completion order from the first sample on: the epoch's first
+    sample (the one that would teach the slab layout) is held until every other batch has
+    arrived; only then does the test let it finish. A loader that made the later batches
+    wait for it would deliver nothing until the 60 s guard, then in the wrong order."""
+    gate = tmp_path / "gate"
+    n = 12
+    loader = Loader(
+        numbered[:n],
+        batch_size=batch_size,
+        shuffle=False,
+        decode=HeldUntil(0, str(gate)),
+        ordered=False,
+        num_workers=2,
+    )
+    with frontend.opened(loader):
+        it = frontend.iter(loader)
+        early = [frontend.next(it) for _ in range(len(loader) - 1)]
+        gate.touch()
+        last = frontend.rest(it)
+    assert 0 not in flatten(early) and 0 in flatten(last), (flatten(early), flatten(last))
+    assert sorted(flatten(early + last)) == list(range(n))
 
 
 def test_images_with_labels(frontend: Driver, image_folder: Path) -> None:

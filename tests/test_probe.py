@@ -179,6 +179,22 @@ async def test_without_a_probe_nobody_waits_for_one() -> None:
     await asyncio.wait_for(opening.after_probe(), 1)
 
 
+@pytest.mark.asyncio
+async def test_in_completion_order_the_later_batches_do_not_wait_for_the_layout() -> None:
+    """``ordered=False``: once the first batch's chunks are read, the later batches go on
+    while the probe still decodes; in sampler order they wait for what it teaches."""
+    for wait_for_layout in (True, False):
+        opening = Opening(need_layout=True, wait_for_layout=wait_for_layout)
+        opening.chunks = 1  # the probe alone (batch_size=1)
+        opening.probing(1)
+        opening.chunk_read()  # the probe read its file and decodes, slowly
+        later = asyncio.ensure_future(opening.wait((1, 0)))
+        await asyncio.sleep(0.01)
+        assert later.done() is not wait_for_layout
+        opening.layout_learned()
+        await asyncio.wait_for(later, 1)
+
+
 def _number(data: bytes) -> np.ndarray:
     """The file's number (``sample-000123``), 4 KiB of it: an array whose layout nothing
     declares."""

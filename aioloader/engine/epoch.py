@@ -208,8 +208,9 @@ class Engine:
             # Every batch of the window reads at once, but the later ones decode only once
             # every chunk of the epoch's first batch is read and has asked for its decode slot
             # (its decodes then take the workers first: the trainer waits for it) and, while
-            # the slabs' layout is unknown, a probe has taught it (they decode into rows).
-            opening = Opening(self._slabs is not None and not self._layout.known)
+            # the slabs' layout is unknown, a probe has taught it (they decode into rows),
+            # unless the order is completion order: a slow probe holds back only its batch.
+            opening = Opening(self._slabs is not None and not self._layout.known, wait_for_layout=cfg.ordered)
             first = True
             while todo or building:
                 while todo and len(building) < self.window:

@@ -16,18 +16,24 @@ T = TypeVar("T")
 
 class Opening:
     """When an epoch's later batches may decode (see ``Engine._run``): once every chunk of
-    its first batch is read and about to ask for its decode slot (:meth:`chunk_read`) and no
-    layout is still to learn from it, or once it is done (whoever runs it calls :meth:`open`
-    then). Waiters go on in ``key`` order, smallest first, so the decode slots they ask for
-    next are granted in epoch order too (see :mod:`aioloader.decode.slots`).
+    its first batch is read and about to ask for its decode slot (:meth:`chunk_read`) and,
+    if ``wait_for_layout``, no layout is still to learn from it; or once it is done (whoever
+    runs it calls :meth:`open` then). Waiters go on in ``key`` order, smallest first, so the
+    decode slots they ask for next are granted in epoch order too (see
+    :mod:`aioloader.decode.slots`).
+
+    ``wait_for_layout=False`` (``ordered=False``: completion order from the first sample on)
+    lets the later batches in without the layout: a slow probe then holds back only its own
+    batch, and the batches that decode before any probe taught the layout cross pickled.
 
     While the layout is unknown, the first batch's first samples may decode alone first, one
     per worker (probes, :meth:`probing`): the batch's other chunks wait until one of them
     taught the layout (:meth:`after_probe`) and resume before the later batches do, so they
     take the decode slots first. Loop-bound."""
 
-    def __init__(self, need_layout: bool) -> None:
+    def __init__(self, need_layout: bool, wait_for_layout: bool = True) -> None:
         self.need_layout = need_layout
+        self.wait_for_layout = wait_for_layout
         self.chunks = 0  # of the first batch still reading
         self.is_open = False
         self._waiters: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []
@@ -94,7 +100,7 @@ class Opening:
         self._check()
 
     def _check(self) -> None:
-        if self.chunks == 0 and not self.need_layout:
+        if self.chunks == 0 and not (self.need_layout and self.wait_for_layout):
             self.open()
 
 
