@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from aioloader.base import sendable
+from aioloader.base.cpus import cpu_quota
 from aioloader.base.semnames import import_loky_cpu_count
 from aioloader.read.backends import StorageBackend, resolve
 
@@ -40,21 +42,29 @@ AUTO_IO_START = 64
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may really use: its CPU affinity, lowered to its cgroup's CPU
-    quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), rounded up, at
-    least 1. A pod limited to 4 CPUs on a 64-core node gets 4; a quota of 1.5 CPUs gets 2.
+    """The CPUs this process may really use: its CPU affinity, lowered to the CPU quota of its
+    own cgroup and of each ancestor (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``; the smallest binds), rounded up, at least 1. A pod limited to 4
+    CPUs on a 64-core node gets 4; a quota of 1.5 CPUs gets 2.
 
     The one count of usable CPUs: ``num_workers=None`` and ``"auto"`` start this many
     processes, the autotuner (:mod:`aioloader.tune.tuner`) shares them with the trainer, and ``aioloader
     bench``, the demo and the benchmarks use it.
 
-    loky's ``cpu_count()`` reads the quota at the root of the cgroup hierarchy this process
-    sees (``/sys/fs/cgroup/cpu.max``, ``/sys/fs/cgroup/cpu/cpu.cfs_quota_us``), which in a
-    container (Docker, Kubernetes) is the container's own cgroup: it gets a cgroup namespace
-    or its subtree mounted there. A quota on a cgroup nested inside a host's hierarchy is not
-    seen. ``LOKY_MAX_CPU_COUNT``, when set, lowers the count too.
+    The minimum of two counts. loky's ``cpu_count()``: ``os.cpu_count()``, the affinity,
+    ``LOKY_MAX_CPU_COUNT`` when set (it lowers the count, never raises it), and the quota at
+    the root of the hierarchy this process sees (``/sys/fs/cgroup``), which is the container's
+    own cgroup in Docker or Kubernetes. And :func:`aioloader.base.cpus.cpu_quota`: the quotas
+    of the cgroup ``/proc/self/cgroup`` names and its ancestors, found through
+    ``/proc/self/mountinfo``, for a process put into a nested cgroup without a namespace of
+    its own (``systemd-run -p CPUQuota=``, Slurm), where the root has none. Without ``/proc``
+    (not Linux), loky's count alone.
     """
-    return max(1, _loky_cpu_count())
+    count = _loky_cpu_count()
+    quota = cpu_quota()
+    if quota is not None:
+        count = min(count, math.ceil(quota))
+    return max(1, count)
 
 
 def _loky_cpu_count() -> int:

@@ -75,10 +75,11 @@ class Loader:
             the default collate, ``ordered=True``), batches that lost samples are topped up
             with the next samples of the epoch, so every batch is full.
         num_workers: decode processes (default: the CPUs this process may really use,
-            :func:`~aioloader.config.usable_cpus`: its CPU affinity lowered to its cgroup's
-            CPU quota, rounded up, so a container limited to 4 CPUs on a 64-core node starts
-            4). ``"auto"`` starts that many, and lets as many decode at once as leaves the
-            CPUs the trainer's process measurably uses (its CPU time, measured every 2 s).
+            :func:`~aioloader.config.usable_cpus`: its CPU affinity lowered to the CPU quota
+            of its cgroup and its ancestors, rounded up, so a container limited to 4 CPUs on
+            a 64-core node starts 4, and so does a job in a nested cgroup of 4). ``"auto"``
+            starts that many, and lets as many decode at once as leaves the CPUs the
+            trainer's process measurably uses (its CPU time, measured every 2 s).
         io_concurrency: file reads in flight at most, or ``"auto"`` (default): from 64,
             the loader moves it while running, by Little's law, to the reads the decoders
             need (read latency times the rate they can decode, twice over), between 16 and

@@ -6,6 +6,7 @@
 | ``tree.py`` | the one walker over nested samples and batches (collate, device copy, repack, slabs) |
 | ``sendable.py`` | callables sent by value (cloudpickle), with errors that name the argument |
 | ``threads.py`` | daemon I/O threads (a hung read never blocks exit); lifecycle calls from async code |
+| ``cpus.py`` | the CPU quota of this process's own cgroup and its ancestors (``/proc/self/cgroup``) |
 | ``semnames.py`` | semaphores named ``sem.mp-aioloader-<pid>-``, loky notwithstanding |
 | ``heap.py`` | memory the first, pickled batches left in malloc's arenas, given back (``malloc_trim``) |
 """
