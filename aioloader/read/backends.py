@@ -7,22 +7,17 @@
   in flight where aiohttp falls behind (``benchmarks/RESULTS.md`` §12).
 
 :func:`choose` picks one: ``storage_backend="auto"`` takes obstore where it is installed,
-serves the protocol, every storage option has an obstore name, and for S3 the settings
-come out as botocore would settle them (:func:`s3_unsupported` says where they would not:
-then fsspec).
+serves the protocol, every storage option has an obstore name, and for S3 obstore can read
+as botocore would (:func:`~aioloader.read.urls.s3_unsupported` says where not: then fsspec).
 
-Both keep one fault contract (``DESIGN.md``, "Remote storage"), so for S3 obstore is not let
-read the environment on its own: ``S3Store`` starts from every ``AWS_*`` variable it knows
-and lays the options over them one by one, where botocore (fsspec's s3fs) takes a key and
-secret from the options whole, or else the environment's, and an endpoint from the options
-before ``AWS_ENDPOINT_URL_S3`` and ``AWS_ENDPOINT_URL``. Left alone, obstore signed with
-the options' key and the environment's ``AWS_SESSION_TOKEN`` (refused: InvalidToken), read
-from ``AWS_ENDPOINT_URL_S3`` over the options' endpoint, and, given client options of ours,
-dropped ``AWS_ALLOW_HTTP``, so an ``http://`` endpoint from the environment failed every
-read ("builder error"). :func:`s3_settings` settles them here, the way botocore does, and
-the store gets them all: credentials through a provider of fixed credentials (obstore then
-reads no key, secret or token of its own), the endpoint under both of its names, and the
-environment's obstore-only switches set back to botocore's behaviour.
+Both keep one fault contract (``DESIGN.md``, "Remote storage"), so obstore's ``S3Store`` is
+not let settle the environment on its own: it lays the options over every ``AWS_*`` variable
+one by one, and so signed the options' key with the environment's ``AWS_SESSION_TOKEN``
+(InvalidToken), read from ``AWS_ENDPOINT_URL_S3`` over the options' endpoint, and, given
+client options of ours, dropped ``AWS_ALLOW_HTTP`` (an ``http://`` endpoint of the
+environment's failed every read: "builder error"). The store is given what botocore would
+use (:func:`~aioloader.read.urls.s3_settings`): the credentials through a provider of
+them alone, the endpoint under both of obstore's names, obstore-only switches off.
 
 obstore runs only in a loader process (``loader_process="auto"``, the default, or True): its
 tokio runtime, threads and epoll descriptors, lives until its process exits, so in the
@@ -41,11 +36,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from aioloader.errors import LoaderError
+from aioloader.read.urls import FSSPEC_PACKAGES, s3_settings, s3_unsupported
 
 if TYPE_CHECKING:
     from obstore.store import S3Credential
@@ -58,8 +54,6 @@ __all__ = [
     "choose",
     "obstore_kwargs",
     "resolve",
-    "s3_settings",
-    "s3_unsupported",
     "tokio_started",
 ]
 
@@ -122,19 +116,6 @@ def _install_hint(protocol: str, package: str | None) -> str:
     if package is not None:
         return f"pip install 'aioloader[remote]' {package}"
     return "an fsspec filesystem for it (see fsspec's list of implementations)"
-
-
-#: Schemes fsspec serves asynchronously, and the package that does it.
-FSSPEC_PACKAGES = {
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "http": "aiohttp",
-    "https": "aiohttp",
-}
 
 
 class FsspecBackend:
@@ -242,147 +223,26 @@ def obstore_kwargs(protocol: str, options: Mapping[str, Any]) -> dict[str, Any] 
     return out
 
 
-#: Read switches of obstore's that botocore has no variable for, set back to botocore's way
-#: (``AWS_SKIP_SIGNATURE`` and the like would otherwise turn obstore's on).
-_BOTOCORE_DEFAULTS = {
-    "request_payer": False,
-    "s3_express": False,
-    "unsigned_payload": False,
-    "virtual_hosted_style_request": False,
-}
-#: Endpoint variables: botocore's (service's first), and the one only obstore reads.
-_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-_OBSTORE_ENDPOINT_ENV = ("AWS_ENDPOINT", *_ENDPOINT_ENV)
-
-
-def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
-    return os.environ if environ is None else environ
-
-
-def _env_endpoint(environ: Mapping[str, str]) -> str | None:
-    """The endpoint botocore takes from ``environ`` (none where it is told to ignore them)."""
-    if environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
-        return None
-    return next((environ[name] for name in _ENDPOINT_ENV if environ.get(name)), None)
-
-
-def _aws_files(environ: Mapping[str, str]) -> bool:
-    """Whether botocore would read an AWS profile (``AWS_PROFILE``, config files)."""
-    if environ.get("AWS_PROFILE"):
-        return True
-    home = os.path.expanduser("~")
+def _aws_profile(env: Mapping[str, str]) -> bool:
+    """Whether botocore would read an AWS profile: ``AWS_PROFILE``, or config files."""
+    home = env.get("HOME") or os.path.expanduser("~")
     files = (
-        environ.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
-        environ.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"),
+        env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+        env.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"),
     )
-    return any(os.path.exists(f) for f in files)
+    return bool(env.get("AWS_PROFILE")) or any(os.path.exists(f) for f in files)
 
 
-def s3_unsupported(kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
-    """Why obstore cannot read S3 as botocore would with these obstore ``kwargs`` (from
-    :func:`obstore_kwargs`) and ``environ`` (``os.environ``), or None where it can:
-
-    - a key without a secret, or the reverse, in the options or the environment: botocore
-      refuses them (PartialCredentialsError), obstore would sign with half of them;
-    - no key in the options or the environment but an AWS profile (config files): botocore
-      reads it, obstore does not;
-    - an endpoint only obstore would see (``AWS_ENDPOINT``, or ``AWS_ENDPOINT_URL*`` with
-      ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS``): obstore cannot be told to ignore it;
-    - ``AWS_SSE_CUSTOMER_KEY_BASE64``: obstore would send it with every read.
-    """
-    env = _env(environ)
-    if kwargs.get("skip_signature"):
-        creds = "anonymous"
-    elif (kwargs.get("access_key_id") is None) != (kwargs.get("secret_access_key") is None):
-        return "storage_options give a key without a secret, or a secret without a key"
-    elif kwargs.get("access_key_id") is not None:
-        creds = "options"
-    elif env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        creds = "environment"
-    elif "AWS_ACCESS_KEY_ID" in env or "AWS_SECRET_ACCESS_KEY" in env:
-        return "the environment gives AWS_ACCESS_KEY_ID without AWS_SECRET_ACCESS_KEY, or the reverse"
-    else:
-        creds = "chain"
-    if creds == "chain" and _aws_files(env):
-        return "credentials would come from an AWS profile (config files), which obstore does not read"
-    if (
-        not kwargs.get("endpoint")
-        and _env_endpoint(env) is None
-        and any(env.get(name) for name in _OBSTORE_ENDPOINT_ENV)
-    ):
-        return "the environment gives an endpoint that only obstore would use"
-    if env.get("AWS_SSE_CUSTOMER_KEY_BASE64"):
-        return "AWS_SSE_CUSTOMER_KEY_BASE64 is set: obstore would send it with every read, botocore not"
-    return None
-
-
-class _FixedCredentials:
-    """obstore's credential provider for a key, secret and token settled here: with one, an
-    ``S3Store`` signs with these alone (no key, secret or token of the environment's). No
-    expiry: obstore asks once and keeps them. Shows no secret."""
-
-    __slots__ = ("_credential",)
-
-    def __init__(self, key: str, secret: str, token: str | None) -> None:
-        self._credential = (key, secret, token)
-
-    def __call__(self) -> S3Credential:
-        key, secret, token = self._credential
-        return {"access_key_id": key, "secret_access_key": secret, "token": token, "expires_at": None}
-
-    def __repr__(self) -> str:
-        return "_FixedCredentials(***)"
-
-
-def s3_settings(
-    kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None
-) -> tuple[dict[str, Any], dict[str, Any], _FixedCredentials | None]:
-    """The ``S3Store`` config for obstore ``kwargs`` (from :func:`obstore_kwargs`), the
-    client options it needs (more may be added), and the credentials to sign with (None:
-    anonymous, or obstore's own chain of container, web identity and instance credentials),
-    settled against ``environ`` (``os.environ``) the way botocore settles them (see the
-    module docstring; :func:`s3_unsupported` first):
-
-    - a key and secret in the options are used whole, with the options' token or none;
-      without them, ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` with
-      ``AWS_SESSION_TOKEN`` (or ``AWS_SECURITY_TOKEN``);
-    - the endpoint: the options', else ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``;
-    - the region: the options', else obstore's (``AWS_REGION``, ``AWS_DEFAULT_REGION``);
-    - ``anon`` alone decides whether requests are signed;
-    - HTTP is allowed where the endpoint is ``http://`` (botocore has no switch for it);
-    - ``AWS_CA_BUNDLE``'s certificates are trusted (besides the system's, where botocore
-      trusts them alone: a server either trusts is trusted by both)."""
-    env = _env(environ)
-    secret = ("access_key_id", "secret_access_key", "session_token")
-    config = {k: v for k, v in kwargs.items() if k not in secret}
-    client: dict[str, Any] = {}
-    config.update(_BOTOCORE_DEFAULTS)
-    config["skip_signature"] = bool(kwargs.get("skip_signature"))
-    endpoint = kwargs.get("endpoint") or _env_endpoint(env)
-    if endpoint:
-        # obstore prefers its service-specific name over ``endpoint``: both, so neither
-        # AWS_ENDPOINT_URL_S3 nor AWS_ENDPOINT_URL of the environment's can win over it
-        config["endpoint"] = config["aws_endpoint_url_s3"] = str(endpoint)
-        if str(endpoint).startswith("http://"):
-            client["allow_http"] = True
-    bundle = env.get("AWS_CA_BUNDLE")
-    if bundle:
-        with open(bundle, "rb") as f:
-            client["root_certificate"] = f.read()
-    credentials: _FixedCredentials | None = None
-    if config["skip_signature"]:
-        pass
-    elif kwargs.get("access_key_id") is not None and kwargs.get("secret_access_key") is not None:
-        token = kwargs.get("session_token")
-        credentials = _FixedCredentials(
-            str(kwargs["access_key_id"]),
-            str(kwargs["secret_access_key"]),
-            None if token is None else str(token),
-        )
-    elif env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        token = env.get("AWS_SESSION_TOKEN") or env.get("AWS_SECURITY_TOKEN") or None
-        credentials = _FixedCredentials(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], token)
-    return config, client, credentials
+def _fixed(key: str, secret: str, token: str | None) -> Callable[[], S3Credential]:
+    """obstore's credential provider for these credentials alone (with one, an ``S3Store``
+    reads no key, secret or token of the environment's); no expiry: asked once."""
+    credential: S3Credential = {
+        "access_key_id": key,
+        "secret_access_key": secret,
+        "token": token,
+        "expires_at": None,
+    }
+    return lambda: credential
 
 
 def choose(
@@ -397,7 +257,10 @@ def choose(
     if preference == "fsspec":
         return "fsspec"
     kwargs = obstore_kwargs(protocol, options) if protocol in OBSTORE_PROTOCOLS else None
-    why = s3_unsupported(kwargs, environ) if kwargs is not None and protocol in ("s3", "s3a") else None
+    env = os.environ if environ is None else environ
+    why = None
+    if kwargs is not None and protocol in ("s3", "s3a"):
+        why = s3_unsupported(kwargs, env, _aws_profile(env))
     try:
         import obstore  # noqa: F401
     except ImportError:
@@ -460,19 +323,23 @@ class ObstoreBackend:
                     f"{self._protocol}://{root}", client_options=client, retry_config=retry
                 )
             else:
-                # Settled here as botocore would (module docstring), in this process's
-                # environment as it is now. Our client options replace every one obstore
-                # took from the environment (AWS_ALLOW_HTTP among them).
+                # Settled as botocore would (module docstring), in this process's environment
+                # as it is now. Our client options replace all obstore took from it
+                # (AWS_ALLOW_HTTP among them); AWS_CA_BUNDLE's certificates are trusted
+                # besides the system's (botocore trusts them alone).
                 config: Any  # an S3Config
                 try:
-                    config, more, credentials = s3_settings(self._kwargs)
+                    config, more, credentials = s3_settings(self._kwargs, os.environ)
                     client.update(more)
+                    if bundle := os.environ.get("AWS_CA_BUNDLE"):
+                        with open(bundle, "rb") as f:
+                            client["root_certificate"] = f.read()
                     store = S3Store(
                         root,
                         config=config,
                         client_options=client,
                         retry_config=retry,
-                        credential_provider=credentials,
+                        credential_provider=None if credentials is None else _fixed(*credentials),
                     )
                 except Exception as exc:  # noqa: BLE001 - every read of the bucket would fail so
                     raise LoaderError(
