@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -239,6 +240,69 @@ def moto_s3(numbered: list[str]) -> Iterator[dict[str, object]]:
         yield options
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def signed_s3(numbered: list[str]) -> Iterator[dict[str, Any]]:
+    """moto's S3 server checking every request's signature (``start_moto(check_credentials=
+    True)``), with ``numbered``'s files under ``s3://aioloader-test/numbered/`` and one user
+    who may read all but one of them (``servers.moto_reader``): ``options`` (that user's
+    ``storage_options``), ``env`` (the same as ``AWS_*`` variables), ``url`` (the endpoint),
+    ``denied`` (the URL of the object the user may not read: AccessDenied, 403) and
+    ``secret`` (the user's, to look for in what the loader shows)."""
+    pytest.importorskip("boto3")
+    pytest.importorskip("moto")
+    from servers import moto_reader, start_moto
+
+    server = start_moto(check_credentials=True)
+    try:
+        objects = {f"numbered/{os.path.basename(p)}": p for p in numbered}
+        denied = f"numbered/{os.path.basename(numbered[5])}"
+        key, secret = moto_reader(server.url, BUCKET, objects, denied=(denied,))
+        yield {
+            "options": {
+                "key": key,
+                "secret": secret,
+                "endpoint_url": server.url,
+                "client_kwargs": {"region_name": "us-east-1"},
+            },
+            "env": {
+                "AWS_ACCESS_KEY_ID": key,
+                "AWS_SECRET_ACCESS_KEY": secret,
+                "AWS_ENDPOINT_URL": server.url,
+                "AWS_REGION": "us-east-1",
+                "AWS_ALLOW_HTTP": "true",
+            },
+            "url": server.url,
+            "denied": f"s3://{BUCKET}/{denied}",
+            "secret": secret,
+        }
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _s3_proxy(moto_s3: dict[str, object]) -> Iterator[str]:
+    pytest.importorskip("aiohttp")
+    from servers import start_proxy
+
+    server = start_proxy(str(moto_s3["endpoint_url"]))
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_proxy(_s3_proxy: str, moto_s3: dict[str, object]) -> Iterator[dict[str, object]]:
+    """``moto_s3`` behind the proxy of servers.py: its ``storage_options``, with the proxy's
+    URL as ``proxy`` (faults and latency set with ``servers.control``; none unless the test
+    sets them)."""
+    from servers import CONTROL_DEFAULTS, control
+
+    control(_s3_proxy, **CONTROL_DEFAULTS)
+    yield {**moto_s3, "endpoint_url": _s3_proxy, "proxy": _s3_proxy}
+    control(_s3_proxy, **CONTROL_DEFAULTS)
 
 
 @pytest.fixture(scope="session")

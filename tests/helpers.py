@@ -10,7 +10,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -603,17 +603,28 @@ def is_ray_fd(link: str) -> bool:
 
 
 def start_script(
-    path: Path, text: str, args: list[str] | None = None, cwd: Path | None = None
+    path: Path,
+    text: str,
+    args: list[str] | None = None,
+    cwd: Path | None = None,
+    env: Mapping[str, str | None] | None = None,
 ) -> subprocess.Popen[str]:
     """Write ``text`` to ``path`` and run it with this checkout's aioloader, in a session of
     its own (so what it leaves behind can be found, and killed, by session id). ``args``:
     the interpreter's arguments instead of ``[path]`` (``["../train.py"]``, ``["-m",
-    "train"]``), run in ``cwd``."""
+    "train"]``), run in ``cwd``. ``env``: variables set (a value) or unset (None) in the
+    script's environment, from its start (before its first loader, as a user's would be)."""
     path.write_text(textwrap.dedent(text))
+    environ = script_env()
+    for name, value in (env or {}).items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
     return subprocess.Popen(
         [sys.executable, *(args if args is not None else [str(path)])],
         cwd=cwd,
-        env=script_env(),
+        env=environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

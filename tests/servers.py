@@ -9,18 +9,22 @@ The file server is this module run as a script::
     python tests/servers.py --moto-filled PORT BUCKET COUNT CLASSES   # moto, with objects
 
 As a proxy it stands in front of moto so that S3 gets the same latency and faults as the
-file server: each request waits, may fail, then goes upstream as it came. ``--moto-filled``
-puts COUNT empty objects in BUCKET (``train/class_KK/NNNNNNN.jpg``) through moto's own
-backend before serving, a hundred thousand in seconds where uploads would take minutes.
+file server: each request waits, may fail, then goes upstream as it came; its failures
+carry an S3 error body (503 ``SlowDown``, 403 ``AccessDenied``, ...) and a body it cuts
+short is moto's answer cut short. ``--moto-filled`` puts COUNT empty objects in BUCKET
+(``train/class_KK/NNNNNNN.jpg``) through moto's own backend before serving, a hundred
+thousand in seconds where uploads would take minutes.
 
 ``POST /_control`` with a JSON body sets, for every later request: ``latency_ms`` (added to
 each response), ``fail_first`` (the first N requests of each path answer 503; with
 ``fail_share`` below 1, only that share of the paths, chosen by a hash of the path),
 ``reset_every`` (every K-th response is cut short: headers announce the full length, the
 connection drops halfway through the body), ``fail_status`` (the status of those
-failures, default 503) and ``hold_until`` (requests are held, before their latency, until
-that many are in flight at once; then every request goes through, until the next
-``_control``; a hang guard lets them all go after ``hold_s``, default 30). ``GET /_stats``
+failures, default 503), ``fail_paths`` (paths, relative to the server's root, that always
+answer ``fail_status``: one object refused, say) and ``hold_until`` (requests are held,
+before their latency, until that many are in flight at once; then every request goes
+through, until the next ``_control``; a hang guard lets them all go after ``hold_s``,
+default 30). ``GET /_stats``
 (:func:`server_stats`) returns the request count and the most requests in flight at once
 since the last ``_control``.
 """
@@ -44,6 +48,7 @@ __all__ = [
     "s3_client",
     "server_stats",
     "start_file_server",
+    "moto_reader",
     "start_moto",
     "start_proxy",
 ]
@@ -98,7 +103,9 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, what: str, timeout
 
 def start_moto(check_credentials: bool = False, filled: tuple[str, int, int] | None = None) -> Server:
     """moto's S3 server (``moto[server]``) on 127.0.0.1. It accepts any credentials, unless
-    ``check_credentials``: then keys it does not know are refused (InvalidAccessKeyId).
+    ``check_credentials``: then keys it does not know are refused (InvalidAccessKeyId), a
+    known key with another secret too (SignatureDoesNotMatch); :func:`moto_reader` makes a
+    known one.
     ``filled=(bucket, count, classes)``: that bucket holds ``count`` empty objects under
     ``train/class_KK/`` (see the module docstring)."""
     port = free_port()
@@ -154,19 +161,72 @@ def s3_client(options: dict[str, object]) -> Any:
     )
 
 
+def moto_reader(
+    url: str, bucket: str, objects: dict[str, str], denied: tuple[str, ...] = ()
+) -> tuple[str, str]:
+    """On a moto server started with ``check_credentials``: ``bucket`` holding ``objects``
+    (``{key: local path}``), and a user whose policy allows every S3 action but
+    ``s3:GetObject`` on the ``denied`` keys (their reads are AccessDenied, 403); returns the
+    user's ``(access key id, secret)``. Checks are off while this sets up (moto's
+    ``/moto-api/reset-auth``) and on again after it."""
+    import json
+    import urllib.request
+
+    import boto3
+
+    def checks_after(count: str) -> None:
+        req = urllib.request.Request(
+            f"{url}/moto-api/reset-auth",
+            data=count.encode(),
+            method="POST",
+            headers={"Content-Type": "text/plain"},
+        )
+        with urllib.request.urlopen(req, timeout=10):
+            pass
+
+    checks_after("inf")
+    try:
+        kw: dict[str, Any] = {
+            "endpoint_url": url,
+            "region_name": "us-east-1",
+            "aws_access_key_id": "setup",
+            "aws_secret_access_key": "setup",
+        }
+        iam = boto3.client("iam", **kw)
+        iam.create_user(UserName="reader")
+        statements: list[dict[str, Any]] = [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]
+        if denied:
+            arns = [f"arn:aws:s3:::{bucket}/{key}" for key in denied]
+            statements.append({"Effect": "Deny", "Action": "s3:GetObject", "Resource": arns})
+        policy = json.dumps({"Version": "2012-10-17", "Statement": statements})
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=policy)
+        made = iam.create_access_key(UserName="reader")["AccessKey"]
+        s3 = boto3.client("s3", **kw)
+        s3.create_bucket(Bucket=bucket)
+        for key, path in objects.items():
+            s3.upload_file(path, bucket, key)
+    finally:
+        checks_after("0")
+    return str(made["AccessKeyId"]), str(made["SecretAccessKey"])
+
+
 #: What ``/_control`` sets, as a server starts (no latency, no faults, nothing held).
-CONTROL_DEFAULTS: dict[str, float] = {
+CONTROL_DEFAULTS: dict[str, object] = {
     "latency_ms": 0.0,
     "fail_first": 0,
     "fail_share": 1.0,
     "reset_every": 0,
     "fail_status": 503,
+    "fail_paths": [],
     "hold_until": 0,
     "hold_s": 30.0,
 }
 
+#: The S3 error code the proxy's failures carry, by status.
+S3_CODES = {403: "AccessDenied", 404: "NoSuchKey", 500: "InternalError", 503: "SlowDown"}
 
-def control(url: str, **settings: float) -> None:
+
+def control(url: str, **settings: object) -> None:
     """Set the file server at ``url``'s latency and faults (see the module docstring)."""
     import json
     import urllib.request
@@ -247,28 +307,40 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
             await asyncio.sleep(float(control["latency_ms"]) / 1e3)
         seen[rel] += 1
         chosen = zlib.crc32(rel.encode()) % 10_000 < float(control["fail_share"]) * 10_000
-        if chosen and seen[rel] <= int(control["fail_first"]):
-            return web.Response(status=int(control["fail_status"]), text="try again")
-        if upstream is not None:
-            return await relay(request)
-        assert root is not None
-        path = (root / rel).resolve()
-        if root not in path.parents or not path.is_file():
-            return web.Response(status=404, text="no such object")
+        if rel in control["fail_paths"] or (chosen and seen[rel] <= int(control["fail_first"])):
+            return failure(int(control["fail_status"]))
         every = int(control["reset_every"])
-        if not (every and total[0] % every == 0):
-            if "Range" in request.headers:
-                return web.FileResponse(path)  # answers the byte range
-            return web.Response(body=path.read_bytes())  # cheaper per request than FileResponse
-        data = path.read_bytes()
-        resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
+        cut = bool(every and total[0] % every == 0)
+        status = 200
+        if upstream is not None:
+            status, data, down = await relay(request)
+            if not (cut and status in (200, 206)):
+                return web.Response(status=status, body=data, headers=down)
+        else:
+            assert root is not None
+            path = (root / rel).resolve()
+            if root not in path.parents or not path.is_file():
+                return web.Response(status=404, text="no such object")
+            if not cut:
+                if "Range" in request.headers:
+                    return web.FileResponse(path)  # answers the byte range
+                return web.Response(body=path.read_bytes())  # cheaper per request than FileResponse
+            data, down = path.read_bytes(), {}
+        resp = web.StreamResponse(status=status, headers={**down, "Content-Length": str(len(data))})
         await resp.prepare(request)
         await resp.write(data[: len(data) // 2])
         assert request.transport is not None
         request.transport.close()  # the body is cut short: the client sees a short payload
         return resp
 
-    async def relay(request: web.Request) -> web.StreamResponse:
+    def failure(status: int) -> web.Response:
+        if upstream is None:
+            return web.Response(status=status, text="try again")
+        code = S3_CODES.get(status, "ServiceUnavailable")
+        body = f"<?xml version='1.0' encoding='UTF-8'?>\n<Error><Code>{code}</Code></Error>"
+        return web.Response(status=status, text=body, content_type="application/xml")
+
+    async def relay(request: web.Request) -> tuple[int, bytes, dict[str, str]]:
         if not session:
             connector = aiohttp.TCPConnector(limit=0)
             session.append(aiohttp.ClientSession(connector=connector, auto_decompress=False))
@@ -276,7 +348,7 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
         async with session[0].get(f"{upstream}{request.path_qs}", headers=headers) as up:
             body = await up.read()
             down = {k: v for k, v in up.headers.items() if k in keep_down}
-            return web.Response(status=up.status, body=body, headers=down)
+            return up.status, body, down
 
     app = web.Application()
     app.router.add_post("/_control", set_control)

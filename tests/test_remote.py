@@ -2,23 +2,51 @@
 aiohttp file server with latency and faults), real reads on the loader's event loop.
 
 Each case runs in the trainer's process (fsspec) and in a loader process, through obstore
-and through fsspec.
+and through fsspec (the ``where`` fixture).
+
+The second half is the fault contract (DESIGN.md, "Remote storage"), one suite for both
+clients so that they cannot drift apart: each case runs the three ways, and where
+``on_error`` could change the outcome, with "raise" and with "skip". Besides ``moto_s3``
+and ``http_files``, its servers are a moto that checks every signature (``signed_s3``: one
+user, who may read every object but one) and moto behind a proxy that answers with S3's
+faults (``s3_proxy``), all in conftest.py.
+
+=======================================================  ======================================
+fault                                                    outcome, through either client
+=======================================================  ======================================
+unreachable endpoint (S3, HTTP; options or environment)  one LoaderError before any batch
+refused credentials (unknown key; known key, wrong       one LoaderError before any batch
+secret; from options, or from the environment)
+good options over bad environment variables              the options are used whole: batches
+credentials from the environment alone, mixed list       batches
+missing object (404), denied object (403; S3, HTTP)      ReadError naming the URL, or skipped
+throttling (503, S3 SlowDown), bodies cut short          retried and counted, never short
+slow responses                                           LoaderTimeoutError naming the URL
+=======================================================  ======================================
+
+The cases with credentials in environment variables run as scripts whose environment is
+set from their start (``helpers.start_script``), as a user's would be: a loader process is
+forked from a zygote made at the first loader, so variables a test set on itself after
+that would not be the loader process's.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import RuntimeWatch, decode_number
-from servers import control, s3_client, server_stats
+from helpers import RuntimeWatch, decode_number, finish_script, start_script
+from servers import control, free_port, s3_client, server_stats
 
 from aioloader import FileDataset, Loader, LoaderError, LoaderTimeoutError, ReadError
 from aioloader.read.backends import choose, obstore_kwargs, resolve, tokio_started
+from aioloader.read.urls import s3_settings, s3_unsupported
 
 pytest.importorskip("fsspec")
 
@@ -69,59 +97,6 @@ def test_http_urls_file_urls_and_paths_mix(
     ]
     with Loader(mixed, batch_size=4, decode=decode_number, shuffle=False, num_workers=1, **where) as loader:
         assert [v for b in values(list(loader)) for v in b] == list(range(len(numbered)))
-
-
-def test_a_missing_object_is_a_read_error_naming_the_url(
-    moto_s3: dict[str, object], numbered: list[str], where: dict[str, Any]
-) -> None:
-    urls = [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered[:4]]
-    missing = "s3://aioloader-test/numbered/nope.txt"
-    opts: dict[str, Any] = {"storage_options": moto_s3, **where, "num_workers": 1}
-    loader = Loader([*urls, missing], batch_size=5, decode=decode_number, shuffle=False, **opts)
-    with loader, pytest.raises(ReadError, match="not found") as info:
-        list(loader)
-    assert info.value.path == missing and info.value.index == 4
-    with Loader(
-        [*urls, missing], batch_size=5, decode=decode_number, shuffle=False, on_error="skip", **opts
-    ) as loader:
-        assert values(list(loader)) == [[0, 1, 2, 3]]
-        assert loader.stats.failures_by_reason == {"ReadError": 1}
-        assert loader.stats.last_failed_paths == (missing,)
-
-
-def test_throttling_and_cut_bodies_are_retried_and_counted(
-    http_files: str, numbered: list[str], where: dict[str, Any]
-) -> None:
-    """Every object answers 503 twice before it is served, and every 7th response is cut off
-    halfway: each sample still arrives exactly once, whole, and the retries are counted."""
-    control(http_files, fail_first=2, reset_every=7)
-    urls = [f"{http_files}/{os.path.basename(p)}" for p in numbered]
-    with Loader(
-        urls,
-        batch_size=8,
-        decode=decode_number,
-        shuffle=False,
-        num_workers=1,
-        read_retries=4,
-        **where,
-    ) as loader:
-        got = [v for b in values(list(loader)) for v in b]
-        stats = loader.stats
-    assert got == list(range(len(numbered)))
-    assert stats.read_retries >= 2 * len(numbered) and stats.failures == 0
-
-
-def test_an_unreachable_endpoint_is_one_loader_error(numbered: list[str], where: dict[str, Any]) -> None:
-    from servers import free_port
-
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    urls = [f"{dead}/{os.path.basename(p)}" for p in numbered]
-    with (
-        Loader(urls, batch_size=4, decode=decode_number, on_error="skip", num_workers=1, **where) as loader,
-        pytest.raises(LoaderError, match="cannot reach the http:// endpoint") as info,
-    ):
-        list(loader)
-    assert not isinstance(info.value, ReadError)  # not per sample: on_error="skip" does not hide it
 
 
 def test_credentials_are_never_shown(moto_s3: dict[str, object], numbered: list[str], tmp_path: Path) -> None:
@@ -199,40 +174,12 @@ def test_a_protocol_whose_backend_is_missing_names_the_install(numbered: list[st
         list(loader)
 
 
-def test_refused_credentials_stop_the_loader_once(numbered: list[str], where: dict[str, Any]) -> None:
-    """A server that checks credentials refuses ours: one LoaderError before any batch,
-    even with ``on_error="skip"``, naming the code and not the secret."""
-    pytest.importorskip("moto")
-    from servers import start_moto
-
-    server = start_moto(check_credentials=True)
-    try:
-        options = {"endpoint_url": server.url, "key": "nobody", "secret": "wrong-secret-xyz"}
-        urls = [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered]
-        loader = Loader(
-            urls,
-            batch_size=4,
-            decode=decode_number,
-            on_error="skip",
-            num_workers=1,
-            storage_options={**options, "client_kwargs": {"region_name": "us-east-1"}},
-            **where,
-        )
-        with (
-            loader,
-            pytest.raises(
-                LoaderError, match=r"credentials for s3:// were refused \(InvalidAccessKeyId\)"
-            ) as info,
-        ):
-            next(iter(loader))
-        assert not isinstance(info.value, ReadError) and "wrong-secret-xyz" not in str(info.value)
-        assert loader.stats.failures == 0
-    finally:
-        server.stop()
-
-
 def test_samples_inside_a_shard_are_read_by_byte_range(
-    tmp_path: Path, moto_s3: dict[str, object], http_files: str, numbered: list[str], where: dict[str, Any]
+    tmp_path: Path,
+    moto_s3: dict[str, object],
+    http_files: str,
+    numbered: list[str],
+    where: dict[str, Any],
 ) -> None:
     """Every numbered file concatenated into one shard (with junk between them): entries
     ``(shard, offset, length)`` give the same samples, from disk, over HTTP and from S3."""
@@ -361,21 +308,440 @@ def test_obstore_takes_fsspec_option_names_or_leaves_the_protocol_to_fsspec(
         choose("gs", {}, "obstore")
 
 
+def test_a_presigned_url_keeps_its_query(http_files: str, numbered: list[str]) -> None:
+    """A URL with a query string (a presigned URL) is sent as it is, also where obstore
+    reads the others (it would take the query for part of the object's name)."""
+    pytest.importorskip("obstore")
+    urls = [f"{http_files}/{os.path.basename(p)}?X-Amz-Signature=abc&n={i}" for i, p in enumerate(numbered)]
+    with Loader(
+        urls,
+        batch_size=8,
+        decode=decode_number,
+        shuffle=False,
+        num_workers=1,
+        loader_process=True,
+        storage_backend="obstore",
+    ) as loader:
+        assert [v for b in values(list(loader)) for v in b] == list(range(len(numbered)))
+
+
+# == the fault contract: what each fault becomes, through either client ==================
+
+#: A secret that must never show, in options that are refused or cannot be used.
+WRONG_SECRET = "wrong-secret-never-shown"
+
+ON_ERROR = pytest.mark.parametrize("on_error", ["raise", "skip"])
+
+
+def s3_urls(numbered: list[str], n: int = 8) -> list[str]:
+    return [f"s3://aioloader-test/numbered/{os.path.basename(p)}" for p in numbered[:n]]
+
+
+def bare(options: dict[str, object]) -> dict[str, object]:
+    """``s3_proxy``'s options without its ``proxy`` entry (not a storage option)."""
+    return {k: v for k, v in options.items() if k != "proxy"}
+
+
+# -- the endpoint cannot be reached, the credentials are refused ---------------------------
+
+
+@ON_ERROR
+@pytest.mark.parametrize("protocol", ["s3", "http"])
+def test_an_unreachable_endpoint_is_one_loader_error(
+    numbered: list[str], where: dict[str, Any], on_error: str, protocol: str
+) -> None:
+    """Nothing listens at the endpoint: one LoaderError before the first batch, naming it,
+    not a ReadError per sample (``on_error="skip"`` would hide those)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    options: dict[str, Any] | None = None
+    if protocol == "s3":
+        urls = s3_urls(numbered)
+        options = {"key": "AKIADEAD", "secret": WRONG_SECRET, "endpoint_url": dead}
+    else:
+        urls = [f"{dead}/{os.path.basename(p)}" for p in numbered[:8]]
+    loader = Loader(
+        urls,
+        batch_size=4,
+        decode=decode_number,
+        on_error=on_error,
+        num_workers=1,
+        storage_options=options,
+        **where,
+    )
+    with loader, pytest.raises(LoaderError, match=f"cannot reach the {protocol}:// endpoint") as info:
+        next(iter(loader))
+    assert not isinstance(info.value, ReadError) and WRONG_SECRET not in str(info.value)
+    assert loader.stats.failures == 0
+
+
+@ON_ERROR
+@pytest.mark.parametrize("refused", ["InvalidAccessKeyId", "SignatureDoesNotMatch"])
+def test_refused_credentials_stop_the_loader_once(
+    signed_s3: dict[str, Any], numbered: list[str], where: dict[str, Any], on_error: str, refused: str
+) -> None:
+    """A server that checks signatures refuses a key it does not know, and a key it knows
+    with another secret: one LoaderError before any batch, naming the code, not the
+    secret."""
+    options = {**signed_s3["options"], "secret": WRONG_SECRET}
+    if refused == "InvalidAccessKeyId":
+        options["key"] = "AKIANOBODYKNOWS"
+    loader = Loader(
+        s3_urls(numbered),
+        batch_size=4,
+        decode=decode_number,
+        on_error=on_error,
+        num_workers=1,
+        storage_options=options,
+        **where,
+    )
+    with (
+        loader,
+        pytest.raises(LoaderError, match=rf"credentials for s3:// were refused \({refused}\)") as info,
+    ):
+        next(iter(loader))
+    assert not isinstance(info.value, ReadError) and WRONG_SECRET not in str(info.value)
+    assert loader.stats.failures == 0
+
+
+# -- one object cannot be read -------------------------------------------------------------
+
+
+def sample_5_fails(
+    urls: list[str], options: dict[str, Any] | None, where: dict[str, Any], on_error: str, message: str
+) -> None:
+    """Loads the 8 ``urls`` in batches of 4, of which the 6th cannot be read: with "raise",
+    the first batch, then a ReadError with ``message`` naming sample 5's URL; with "skip",
+    every other sample, and the skip names that URL."""
+    loader = Loader(
+        urls,
+        batch_size=4,
+        decode=decode_number,
+        shuffle=False,
+        num_workers=1,
+        on_error=on_error,
+        storage_options=options,
+        **where,
+    )
+    got: list[Any] = []
+    with loader:
+        if on_error == "raise":
+            with pytest.raises(ReadError, match=re.escape(message)) as info:
+                for batch in loader:
+                    got.append(batch)
+            assert (info.value.path, info.value.index) == (urls[5], 5)
+            assert values(got) == [[0, 1, 2, 3]]
+        else:
+            assert values(list(loader)) == [[0, 1, 2, 3], [4, 6, 7]]
+            assert loader.stats.failures_by_reason == {"ReadError": 1}
+            assert loader.stats.last_failed_paths == (urls[5],)
+
+
+@ON_ERROR
+def test_a_missing_object_is_a_read_error_naming_the_url(
+    moto_s3: dict[str, object], numbered: list[str], where: dict[str, Any], on_error: str
+) -> None:
+    """Sample 5 of 8 is not in the bucket (404): a ReadError naming its URL, or skipped."""
+    urls = s3_urls(numbered)
+    urls[5] = "s3://aioloader-test/numbered/nope.txt"
+    sample_5_fails(urls, moto_s3, where, on_error, "not found (404)")
+
+
+@ON_ERROR
+@pytest.mark.parametrize("protocol", ["s3", "http"])
+def test_a_denied_object_is_a_read_error_naming_its_url(
+    request: pytest.FixtureRequest, numbered: list[str], where: dict[str, Any], on_error: str, protocol: str
+) -> None:
+    """Sample 5 of 8 may not be read (403: an S3 policy that denies GetObject on that key
+    alone, with good credentials; an HTTP server that refuses that path): a ReadError
+    naming that URL, not another's, or skipped; not refused credentials."""
+    if protocol == "s3":
+        signed = request.getfixturevalue("signed_s3")
+        urls, options = s3_urls(numbered), signed["options"]
+        assert urls[5] == signed["denied"]
+    else:
+        server = request.getfixturevalue("http_files")
+        urls, options = [f"{server}/{os.path.basename(p)}" for p in numbered[:8]], None
+        control(server, fail_paths=[os.path.basename(numbered[5])], fail_status=403)
+    sample_5_fails(urls, options, where, on_error, "access denied (403)")
+
+
+# -- faults worth another try --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["http", "s3"])
+def test_throttling_and_cut_bodies_are_retried_and_counted(
+    request: pytest.FixtureRequest, numbered: list[str], where: dict[str, Any], protocol: str
+) -> None:
+    """Every object answers 503 twice before it is served (for S3, with SlowDown), and every
+    7th response is cut off halfway: each sample still arrives exactly once, whole, and the
+    retries are counted."""
+    options: dict[str, object] | None = None
+    if protocol == "s3":
+        proxy = request.getfixturevalue("s3_proxy")
+        server, options, urls = str(proxy["proxy"]), bare(proxy), s3_urls(numbered, len(numbered))
+    else:
+        server = request.getfixturevalue("http_files")
+        urls = [f"{server}/{os.path.basename(p)}" for p in numbered]
+    control(server, fail_first=2, reset_every=7)
+    with Loader(
+        urls,
+        batch_size=8,
+        decode=decode_number,
+        shuffle=False,
+        num_workers=1,
+        read_retries=4,
+        storage_options=options,
+        **where,
+    ) as loader:
+        got = [v for b in values(list(loader)) for v in b]
+        stats = loader.stats
+    assert got == list(range(len(numbered)))
+    assert stats.read_retries >= 2 * len(numbered) and stats.failures == 0
+
+
+@pytest.mark.parametrize("protocol", ["http", "s3"])
 def test_sample_timeout_bounds_a_remote_read(
-    http_files: str, numbered: list[str], where: dict[str, Any]
+    request: pytest.FixtureRequest, numbered: list[str], where: dict[str, Any], protocol: str
 ) -> None:
     """Every response waits 5 s; a sample may take 0.5 s: a LoaderTimeoutError naming the
     URL, and the reads still in flight are cancelled by close (the test's timeout says so)."""
-    control(http_files, latency_ms=5000)
-    urls = [f"{http_files}/{os.path.basename(p)}" for p in numbered[:4]]
-    loader = Loader(urls, batch_size=2, decode=decode_number, num_workers=1, sample_timeout=0.5, **where)
+    options: dict[str, object] | None = None
+    if protocol == "s3":
+        proxy = request.getfixturevalue("s3_proxy")
+        server, options, urls = str(proxy["proxy"]), bare(proxy), s3_urls(numbered, 4)
+    else:
+        server = request.getfixturevalue("http_files")
+        urls = [f"{server}/{os.path.basename(p)}" for p in numbered[:4]]
+    control(server, latency_ms=5000)
+    loader = Loader(
+        urls,
+        batch_size=2,
+        decode=decode_number,
+        num_workers=1,
+        sample_timeout=0.5,
+        storage_options=options,
+        **where,
+    )
     with loader, pytest.raises(LoaderTimeoutError, match=r"sample_timeout=0.5s") as info:
         list(loader)
     assert info.value.path in urls
 
 
-#: What obstore (reqwest) raised on this machine, shortened: a body cut off mid-way, and a
-#: connection refused (tests/servers.py's file server, 127.0.0.1:9).
+# -- credentials from the environment ------------------------------------------------------
+
+#: Runs loaders as ``argv[1]`` (JSON) says and prints, as JSON, what each gave.
+ENV_SCRIPT = """
+import json
+import sys
+
+from helpers import decode_number
+
+from aioloader import Loader
+
+spec = json.loads(sys.argv[1])
+results = []
+for run in spec["runs"]:
+    got, error = [], None
+    loader = Loader(
+        run["urls"],
+        batch_size=4,
+        decode=decode_number,
+        shuffle=False,
+        num_workers=1,
+        on_error=run["on_error"],
+        storage_options=run.get("options"),
+        **spec["where"],
+    )
+    with loader:
+        try:
+            for batch in loader:
+                got.append([int(v) for v in batch])
+        except Exception as exc:
+            error = {"type": type(exc).__name__, "text": str(exc), "path": getattr(exc, "path", None)}
+        stats = loader.stats
+    results.append(
+        {
+            "batches": got,
+            "error": error,
+            "runtime": loader.runtime,
+            "failed": list(stats.last_failed_paths),
+            "retries": stats.read_retries,
+        }
+    )
+print(json.dumps(results))
+"""
+
+
+def run_with_env(
+    tmp_path: Path, where: dict[str, Any], env: dict[str, str], runs: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``runs`` (``urls``, ``on_error``, ``options``) in a script of their own whose
+    environment holds ``env`` and no other ``AWS_*`` variable, one result per run."""
+    script = tmp_path / "env_loader.py"
+    clean: dict[str, str | None] = {name: None for name in os.environ if name.startswith("AWS_")}
+    spec = json.dumps({"where": where, "runs": runs})
+    proc = start_script(script, ENV_SCRIPT, args=[str(script), spec], env={**clean, **env})
+    out, err = finish_script(proc, timeout=90)
+    assert proc.returncode == 0, err[-4000:]
+    results: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])
+    runtime = "process" if where["loader_process"] else "thread"
+    assert [r["runtime"] for r in results] == [runtime] * len(runs), results
+    return results
+
+
+def test_credentials_from_the_environment_alone(
+    tmp_path: Path,
+    signed_s3: dict[str, Any],
+    http_files: str,
+    numbered: list[str],
+    where: dict[str, Any],
+) -> None:
+    """A key, secret, endpoint and region in ``AWS_*`` variables, no storage_options: a
+    list of local paths, ``file://``, ``s3://`` and ``http://`` URLs gives every sample
+    in order; the one object the key may not read is a ReadError naming it (or skipped);
+    a wrong secret in the options wins over the good one of the environment: refused, once."""
+    n = 12
+    names = [os.path.basename(p) for p in numbered[:n]]
+    mixed = [
+        [p, f"file://{p}", f"s3://aioloader-test/numbered/{name}", f"{http_files}/{name}"][i % 4]
+        for i, (p, name) in enumerate(zip(numbered[:n], names, strict=True))
+    ]
+    urls = s3_urls(numbered)
+    bad = {"s3": {**signed_s3["options"], "secret": WRONG_SECRET}}
+    runs = [
+        {"urls": mixed, "on_error": "raise"},
+        {"urls": urls, "on_error": "raise"},
+        {"urls": urls, "on_error": "skip"},
+        {"urls": urls, "on_error": "raise", "options": bad},
+        {"urls": urls, "on_error": "skip", "options": bad},
+    ]
+    mix, denied, skipped, *refused = run_with_env(tmp_path, where, signed_s3["env"], runs)
+    assert mix["error"] is None and [v for b in mix["batches"] for v in b] == list(range(n)), mix
+    assert denied["batches"] == [[0, 1, 2, 3]], denied
+    assert denied["error"]["type"] == "ReadError" and "access denied (403)" in denied["error"]["text"]
+    assert denied["error"]["path"] == signed_s3["denied"]
+    assert skipped["error"] is None and skipped["batches"] == [[0, 1, 2, 3], [4, 6, 7]], skipped
+    assert skipped["failed"] == [signed_s3["denied"]]
+    for run in refused:
+        assert run["batches"] == [] and run["error"]["type"] == "LoaderError", run
+        assert "credentials for s3:// were refused (SignatureDoesNotMatch)" in run["error"]["text"]
+    shown = json.dumps([mix, denied, skipped, *refused])
+    assert signed_s3["secret"] not in shown and WRONG_SECRET not in shown
+
+
+def test_storage_options_win_over_the_environment(
+    tmp_path: Path, signed_s3: dict[str, Any], numbered: list[str], where: dict[str, Any]
+) -> None:
+    """Good credentials in storage_options, while the environment holds the same key with
+    a wrong secret, a session token and an S3 endpoint where nothing listens: the options'
+    key, secret and endpoint are used whole (as botocore uses them), so every sample
+    arrives. Without options, the environment's apply: its endpoint cannot be reached,
+    one LoaderError before any batch, whatever on_error says."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    env = {
+        **signed_s3["env"],
+        "AWS_SECRET_ACCESS_KEY": WRONG_SECRET,
+        "AWS_SESSION_TOKEN": "a-token-of-someone-else",
+        "AWS_ENDPOINT_URL_S3": dead,
+    }
+    urls = [u for u in s3_urls(numbered, 12) if u != signed_s3["denied"]]
+    runs = [
+        {"urls": urls, "on_error": "raise", "options": {"s3": signed_s3["options"]}},
+        {"urls": urls, "on_error": "raise"},
+        {"urls": urls, "on_error": "skip"},
+    ]
+    good, *unreachable = run_with_env(tmp_path, where, env, runs)
+    assert good["error"] is None and good["retries"] == 0, good
+    assert [v for b in good["batches"] for v in b] == [i for i in range(12) if i != 5]
+    for run in unreachable:
+        assert run["batches"] == [] and run["error"]["type"] == "LoaderError", run
+        assert "cannot reach the s3:// endpoint" in run["error"]["text"]
+    shown = json.dumps([good, *unreachable])
+    assert signed_s3["secret"] not in shown and WRONG_SECRET not in shown
+
+
+def test_refused_credentials_from_the_environment_stop_the_loader_once(
+    tmp_path: Path, signed_s3: dict[str, Any], numbered: list[str], where: dict[str, Any]
+) -> None:
+    """The environment's key with a wrong secret, and no credentials in storage_options
+    (none at all, or only an endpoint): the environment's credentials are used and
+    refused, one LoaderError before any batch, whatever on_error says."""
+    env = {**signed_s3["env"], "AWS_SECRET_ACCESS_KEY": WRONG_SECRET}
+    urls = s3_urls(numbered)
+    runs = [
+        {"urls": urls, "on_error": "raise"},
+        {"urls": urls, "on_error": "skip", "options": {"s3": {"endpoint_url": signed_s3["url"]}}},
+    ]
+    for run in run_with_env(tmp_path, where, env, runs):
+        assert run["batches"] == [] and run["error"]["type"] == "LoaderError", run
+        assert "credentials for s3:// were refused (SignatureDoesNotMatch)" in run["error"]["text"]
+        assert WRONG_SECRET not in json.dumps(run)
+
+
+# -- the settings obstore is given, and what its errors become ------------------------------
+
+
+def test_obstore_is_given_the_s3_settings_botocore_would_use(tmp_path: Path) -> None:
+    """What obstore is given for S3 (``s3_settings``) from the options and the environment,
+    against what botocore (fsspec's s3fs) makes of them; where obstore cannot do the same
+    (``s3_unsupported``), ``auto`` reads S3 with fsspec."""
+    opts = {"access_key_id": "AK", "secret_access_key": "SK", "endpoint": "http://127.0.0.1:1"}
+    bad_env = {
+        "AWS_ACCESS_KEY_ID": "ENVAK",
+        "AWS_SECRET_ACCESS_KEY": "ENVSK",
+        "AWS_SESSION_TOKEN": "ENVTOKEN",
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:2",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:3",
+        "AWS_SKIP_SIGNATURE": "true",
+        "AWS_REQUEST_PAYER": "true",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "true",
+    }
+    # The options' key and secret whole (no token of the environment's), their endpoint
+    # under both of obstore's names, the environment's obstore-only switches off.
+    config, client, creds = s3_settings(opts, bad_env)
+    assert creds == ("AK", "SK", None) and "SK" not in json.dumps(config)
+    assert config["endpoint"] == config["aws_endpoint_url_s3"] == "http://127.0.0.1:1"
+    assert not any(config[k] for k in ("skip_signature", "request_payer", "virtual_hosted_style_request"))
+    assert client == {"allow_http": True}
+    assert s3_unsupported(opts, bad_env, profile=True) is None
+    assert s3_settings({**opts, "session_token": "T"}, bad_env)[2] == ("AK", "SK", "T")
+    # Without options: the environment's key, secret and token, and its endpoint (the
+    # service's own variable first).
+    config, _, creds = s3_settings({}, bad_env)
+    assert creds == ("ENVAK", "ENVSK", "ENVTOKEN") and config["endpoint"] == "http://127.0.0.1:2"
+    env_only = {k: v for k, v in bad_env.items() if k != "AWS_ENDPOINT_URL_S3"}
+    assert s3_settings({}, env_only)[0]["endpoint"] == "http://127.0.0.1:3"
+    home = {"HOME": str(tmp_path)}  # no AWS config files there
+    assert choose("s3", {}, "auto", {**env_only, **home}) == "obstore"
+    # anon: unsigned, whatever credentials the environment holds.
+    config, _, creds = s3_settings({"skip_signature": True}, bad_env)
+    assert config["skip_signature"] is True and creds is None
+    # Where obstore cannot do as botocore: fsspec reads with auto, obstore by name is an error.
+    left_out = {
+        "half a key in the options": ({"access_key_id": "AK"}, {}, False),
+        "half a key in the environment": ({}, {"AWS_ACCESS_KEY_ID": "AK"}, False),
+        "a profile": ({}, {}, True),
+        "an endpoint only obstore reads": ({}, {"AWS_ENDPOINT": "http://127.0.0.1:4"}, False),
+        "an ignored endpoint": (
+            {},
+            {"AWS_ENDPOINT_URL": "http://127.0.0.1:4", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true"},
+            False,
+        ),
+        "SSE-C from the environment": (opts, {"AWS_SSE_CUSTOMER_KEY_BASE64": "a2V5"}, False),
+    }
+    for case, (kwargs, environ, profile) in left_out.items():
+        assert s3_unsupported(kwargs, environ, profile) is not None, case
+    assert choose("s3", {"key": "AK"}, "auto", home) == "fsspec"
+    assert choose("s3", {}, "auto", {**home, "AWS_ACCESS_KEY_ID": "AK"}) == "fsspec"
+    assert choose("s3", {}, "auto", {**home, "AWS_PROFILE": "dev"}) == "fsspec"
+    assert choose("s3", {"key": "AK", "secret": "SK"}, "auto", {**home, "AWS_PROFILE": "dev"}) == "obstore"
+    with pytest.raises(LoaderError, match="cannot read s3:// URLs as botocore would"):
+        choose("s3", {}, "obstore", {**home, "AWS_PROFILE": "dev"})
+
+
+#: What obstore (reqwest) raised on this machine, shortened: a body cut off mid-way, a
+#: connection refused (tests/servers.py's file server, 127.0.0.1:9), a 503, refused
+#: credentials, a token refused, and an http:// endpoint its client was not allowed.
 OBSTORE_CUT = (
     "Generic HTTP error: HTTP error: request or response body error\n\nDebug source:\nGeneric {\n"
     "    source: HttpError {\n        kind: Interrupted,\n        source: hyper::Error(Body, Custom { "
@@ -394,27 +760,35 @@ OBSTORE_BAD_KEY = (
     "The operation lacked the necessary privileges to complete for path a.bin: Server returned "
     "non-2xx status code: 403 Forbidden: <Error><Code>InvalidAccessKeyId</Code></Error>"
 )
+OBSTORE_BAD_TOKEN = (
+    "Generic S3 error: Error performing GET http://127.0.0.1:1/b/a.bin in 3ms - Server returned "
+    "non-2xx status code: 400 Bad Request: <Error><Code>InvalidToken</Code></Error>"
+)
+OBSTORE_NO_HTTP = (
+    "Generic S3 error: Error performing GET http://127.0.0.1:9/bkt/x in 108µs - HTTP error: builder "
+    "error\n\nDebug source:\n    inner: Http(HttpError { kind: Unknown, source: reqwest::Error { "
+    "kind: Builder, source: BadScheme } })"
+)
 
 
 def test_obstore_errors_are_classified_like_fsspecs() -> None:
     """Each failure of obstore's becomes what the same failure of fsspec's becomes: a cut
     body and a 503 are tried again, a refused connection before any success stops the
-    loader (after one, it is tried again), refused credentials stop it, 404 is per sample."""
-    import errno
-
+    loader (after one, it is tried again), refused credentials stop it, and so does a
+    client that cannot send any request; 404 is per sample."""
     exceptions = pytest.importorskip("obstore.exceptions")
     from aioloader.read.remote import RemoteReadError, RemoteStore
 
     store = RemoteStore(None, 8)
     url = "http://127.0.0.1:1/1.bin"
 
-    def classify(exc: BaseException) -> BaseException:
-        return store._classify(exc, url, "http")
+    def classify(exc: BaseException, protocol: str = "http") -> BaseException:
+        return store._classify(exc, url, protocol)
 
     cut = classify(exceptions.GenericError(OBSTORE_CUT))
     assert isinstance(cut, RemoteReadError) and cut.errno == errno.EAGAIN
-    assert isinstance(classify(exceptions.GenericError(OBSTORE_503)), RemoteReadError)
-    assert classify(exceptions.GenericError(OBSTORE_503)).errno == errno.EAGAIN  # type: ignore[attr-defined]
+    throttled = classify(exceptions.GenericError(OBSTORE_503))
+    assert isinstance(throttled, RemoteReadError) and throttled.errno == errno.EAGAIN
     refused = classify(exceptions.GenericError(OBSTORE_REFUSED))
     assert isinstance(refused, LoaderError) and "cannot reach the http:// endpoint" in str(refused)
     store._ok.add("http")  # a read of this endpoint succeeded: now a refusal is worth a retry
@@ -422,25 +796,14 @@ def test_obstore_errors_are_classified_like_fsspecs() -> None:
     assert isinstance(later, RemoteReadError) and later.errno == errno.EAGAIN
     denied = classify(exceptions.PermissionDeniedError(OBSTORE_BAD_KEY))
     assert isinstance(denied, LoaderError) and "(InvalidAccessKeyId)" in str(denied)
+    token = classify(exceptions.GenericError(OBSTORE_BAD_TOKEN), "s3")
+    assert isinstance(token, LoaderError) and "(InvalidToken)" in str(token)
+    no_http = classify(exceptions.GenericError(OBSTORE_NO_HTTP), "s3")
+    assert isinstance(no_http, LoaderError) and "cannot send a request" in str(no_http)
+    made = LoaderError("obstore cannot make a store for s3://b with these settings: ValueError")
+    assert classify(made, "s3") is made
     for missing in (  # obstore raises the builtin for a 404; its own class, by name
         classify(FileNotFoundError("Object at location 1.bin not found")),
         classify(exceptions.NotFoundError("Object at location 1.bin not found")),
     ):
         assert isinstance(missing, RemoteReadError) and missing.errno == errno.ENOENT
-
-
-def test_a_presigned_url_keeps_its_query(http_files: str, numbered: list[str]) -> None:
-    """A URL with a query string (a presigned URL) is sent as it is, also where obstore
-    reads the others (it would take the query for part of the object's name)."""
-    pytest.importorskip("obstore")
-    urls = [f"{http_files}/{os.path.basename(p)}?X-Amz-Signature=abc&n={i}" for i, p in enumerate(numbered)]
-    with Loader(
-        urls,
-        batch_size=8,
-        decode=decode_number,
-        shuffle=False,
-        num_workers=1,
-        loader_process=True,
-        storage_backend="obstore",
-    ) as loader:
-        assert [v for b in values(list(loader)) for v in b] == list(range(len(numbered)))

@@ -13,6 +13,6 @@ threads, URLs on the event loop. Above
 | ``readproc.py`` | what runs in a reader process: each group read into its part of a shared buffer |
 | ``mounts.py`` | which filesystems answer a read whole but at the end (a size hint may skip the fstat) |
 | ``remote.py`` | URLs read: one client per protocol, fault classes, prefix listing |
-| ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, one protocol's ``storage_options`` |
+| ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, ``storage_options`` (S3's: as botocore's) |
 | ``backends.py`` | the clients: fsspec's async filesystems, obstore (loader process only), the choice |
 """

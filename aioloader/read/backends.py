@@ -7,8 +7,17 @@
   in flight where aiohttp falls behind (``benchmarks/RESULTS.md`` §12).
 
 :func:`choose` picks one: ``storage_backend="auto"`` takes obstore where it is installed,
-serves the protocol, and every storage option has an obstore name (an S3 profile from AWS
-config files has none: then fsspec, whose botocore reads them).
+serves the protocol, every storage option has an obstore name, and for S3 obstore can read
+as botocore would (:func:`~aioloader.read.urls.s3_unsupported` says where not: then fsspec).
+
+Both keep one fault contract (``DESIGN.md``, "Remote storage"), so obstore's ``S3Store`` is
+not let settle the environment on its own: it lays the options over every ``AWS_*`` variable
+one by one, and so signed the options' key with the environment's ``AWS_SESSION_TOKEN``
+(InvalidToken), read from ``AWS_ENDPOINT_URL_S3`` over the options' endpoint, and, given
+client options of ours, dropped ``AWS_ALLOW_HTTP`` (an ``http://`` endpoint of the
+environment's failed every read: "builder error"). The store is given what botocore would
+use (:func:`~aioloader.read.urls.s3_settings`): the credentials through a provider of
+them alone, the endpoint under both of obstore's names, obstore-only switches off.
 
 obstore runs only in a loader process (``loader_process="auto"``, the default, or True): its
 tokio runtime, threads and epoll descriptors, lives until its process exits, so in the
@@ -27,11 +36,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from aioloader.errors import LoaderError
+from aioloader.read.urls import FSSPEC_PACKAGES, s3_settings, s3_unsupported
+
+if TYPE_CHECKING:
+    from obstore.store import S3Credential
 
 __all__ = [
     "Backend",
@@ -103,19 +116,6 @@ def _install_hint(protocol: str, package: str | None) -> str:
     if package is not None:
         return f"pip install 'aioloader[remote]' {package}"
     return "an fsspec filesystem for it (see fsspec's list of implementations)"
-
-
-#: Schemes fsspec serves asynchronously, and the package that does it.
-FSSPEC_PACKAGES = {
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "http": "aiohttp",
-    "https": "aiohttp",
-}
 
 
 class FsspecBackend:
@@ -223,24 +223,44 @@ def obstore_kwargs(protocol: str, options: Mapping[str, Any]) -> dict[str, Any] 
     return out
 
 
-def _aws_profile_in_use(kwargs: Mapping[str, Any]) -> bool:
-    """Credentials would come from AWS config files (a profile), which obstore does not read."""
-    if "access_key_id" in kwargs or kwargs.get("skip_signature") or os.environ.get("AWS_ACCESS_KEY_ID"):
-        return False
-    home = os.path.expanduser("~")
-    return bool(os.environ.get("AWS_PROFILE")) or any(
-        os.path.exists(os.path.join(home, ".aws", name)) for name in ("credentials", "config")
+def _aws_profile(env: Mapping[str, str]) -> bool:
+    """Whether botocore would read an AWS profile: ``AWS_PROFILE``, or config files."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    files = (
+        env.get("AWS_SHARED_CREDENTIALS_FILE") or os.path.join(home, ".aws", "credentials"),
+        env.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config"),
     )
+    return bool(env.get("AWS_PROFILE")) or any(os.path.exists(f) for f in files)
+
+
+def _fixed(key: str, secret: str, token: str | None) -> Callable[[], S3Credential]:
+    """obstore's credential provider for these credentials alone (with one, an ``S3Store``
+    reads no key, secret or token of the environment's); no expiry: asked once."""
+    credential: S3Credential = {
+        "access_key_id": key,
+        "secret_access_key": secret,
+        "token": token,
+        "expires_at": None,
+    }
+    return lambda: credential
 
 
 def choose(
-    protocol: str, options: dict[str, Any], preference: StorageBackend
+    protocol: str,
+    options: dict[str, Any],
+    preference: StorageBackend,
+    environ: Mapping[str, str] | None = None,
 ) -> Literal["fsspec", "obstore"]:
-    """Which backend reads ``protocol`` with these ``options`` (see the module docstring);
-    ``preference="obstore"`` where obstore cannot serve is a :class:`LoaderError`."""
+    """Which backend reads ``protocol`` with these ``options`` in this ``environ``
+    (``os.environ``; see the module docstring); ``preference="obstore"`` where obstore
+    cannot serve is a :class:`LoaderError`."""
     if preference == "fsspec":
         return "fsspec"
     kwargs = obstore_kwargs(protocol, options) if protocol in OBSTORE_PROTOCOLS else None
+    env = os.environ if environ is None else environ
+    why = None
+    if kwargs is not None and protocol in ("s3", "s3a"):
+        why = s3_unsupported(kwargs, env, _aws_profile(env))
     try:
         import obstore  # noqa: F401
     except ImportError:
@@ -256,8 +276,13 @@ def choose(
                 f"(obstore serves s3:// and http(s):// with key, secret, token, endpoint_url, anon, "
                 f"client_kwargs.region_name); use storage_backend='fsspec'"
             )
+        if why is not None:
+            raise LoaderError(
+                f"storage_backend='obstore' cannot read {protocol}:// URLs as botocore would: {why}; "
+                f"use storage_backend='fsspec' (or 'auto')"
+            )
         return "obstore"
-    if not installed or kwargs is None or (protocol in ("s3", "s3a") and _aws_profile_in_use(kwargs)):
+    if not installed or kwargs is None or why is not None:
         return "fsspec"
     return "obstore"
 
@@ -298,11 +323,29 @@ class ObstoreBackend:
                     f"{self._protocol}://{root}", client_options=client, retry_config=retry
                 )
             else:
-                kwargs = dict(self._kwargs)
-                endpoint = str(kwargs.get("endpoint", ""))
-                if endpoint.startswith("http://"):
-                    client["allow_http"] = True
-                store = S3Store(root, client_options=client, retry_config=retry, **kwargs)
+                # Settled as botocore would (module docstring), in this process's environment
+                # as it is now. Our client options replace all obstore took from it
+                # (AWS_ALLOW_HTTP among them); AWS_CA_BUNDLE's certificates are trusted
+                # besides the system's (botocore trusts them alone).
+                config: Any  # an S3Config
+                try:
+                    config, more, credentials = s3_settings(self._kwargs, os.environ)
+                    client.update(more)
+                    if bundle := os.environ.get("AWS_CA_BUNDLE"):
+                        with open(bundle, "rb") as f:
+                            client["root_certificate"] = f.read()
+                    store = S3Store(
+                        root,
+                        config=config,
+                        client_options=client,
+                        retry_config=retry,
+                        credential_provider=None if credentials is None else _fixed(*credentials),
+                    )
+                except Exception as exc:  # noqa: BLE001 - every read of the bucket would fail so
+                    raise LoaderError(
+                        f"obstore cannot make a store for s3://{root} with these settings: "
+                        f"{type(exc).__name__}"
+                    ) from None
             self._stores[root] = store
         return store, path
 

@@ -13,9 +13,9 @@ What a failed read becomes (``DESIGN.md``, "Remote storage"):
 - a missing object (404) or a per-object AccessDenied (403): :class:`RemoteReadError` with
   ``ENOENT``/``EACCES``, a :class:`~aioloader.ReadError` naming the URL, subject to
   ``on_error``;
-- refused credentials, or an endpoint that cannot be reached before any read of it
-  succeeded: one :class:`~aioloader.LoaderError` that stops the loader, whatever
-  ``on_error`` says.
+- refused credentials, an endpoint that cannot be reached before any read of it
+  succeeded, or settings with which the client can send no request: one
+  :class:`~aioloader.LoaderError` that stops the loader, whatever ``on_error`` says.
 
 Credentials never appear in what this module raises or logs: URLs are shown by
 :func:`~aioloader.read.urls.redact` (no user info, no signature or token in the query), and
@@ -66,6 +66,9 @@ _TRANSPORT_WORDS = (
     "timed out",
     "error sending request",
 )
+#: obstore's (reqwest's) words for a request its client refused to build (an http:// URL
+#: where HTTP is not allowed, a malformed endpoint): no request of this client can be sent.
+_CLIENT_REFUSED = ("builder error", "BadScheme")
 _THROTTLE_WORDS = ("SlowDown", "Throttl", "ServiceUnavailable", "RequestTimeout", "InternalError")
 
 
@@ -148,6 +151,8 @@ class RemoteStore:
                 raise err from None
 
     def _classify(self, exc: BaseException, url: str, protocol: str) -> BaseException:
+        if isinstance(exc, LoaderError):  # the backend already said the loader cannot go on
+            return exc
         shown = redact(url)
         text = _chain_text(exc)
         if any(word in text for word in _BAD_CREDENTIALS):
@@ -157,6 +162,11 @@ class RemoteStore:
             return LoaderError(
                 f"the {protocol}:// filesystem cannot be used with these storage_options ({exc}); "
                 f"options for several protocols go in a dict per protocol: {{{protocol!r}: {{...}}}}"
+            )
+        if any(word in text for word in _CLIENT_REFUSED):  # so would every request
+            return LoaderError(
+                f"the {protocol}:// client cannot send a request to the endpoint of {shown} "
+                f"(its settings are refused: {type(exc).__name__})"
             )
         status = getattr(exc, "status", None)
         if status is None and (found := _STATUS_TEXT.search(text)) is not None:
