@@ -18,10 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from aioloader.pathtable import PathTableBuilder
-from aioloader.read.remote import list_folder
-from aioloader.read.urls import is_remote, local_path, redact
-from aioloader.rows import (
+from aioloader.entries import (
     LabelCodes,
     as_int,
     check_columns,
@@ -30,6 +27,9 @@ from aioloader.rows import (
     span_columns,
     span_entry,
 )
+from aioloader.pathtable import PathTableBuilder
+from aioloader.read.remote import list_folder
+from aioloader.read.urls import is_remote, local_path, redact
 
 __all__ = ["IMAGE_EXTENSIONS", "FileDataset"]
 

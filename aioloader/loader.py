@@ -132,7 +132,7 @@ class Loader:
             then sent there by value like ``decode`` (any callable that can be sent), and run
             in that process: state they change is not the trainer's. Arrays a custom
             ``collate`` makes anew (not views of its samples) cross the pipe pickled, a copy.
-            Where no zygote can be made (see :mod:`aioloader.decode.zygote`), or ``read`` or
+            Where no zygote can be made (see :mod:`aioloader.procs.zygote`), or ``read`` or
             ``collate`` cannot be sent, ``"auto"`` loads in-process, silently (a DEBUG
             line on the ``aioloader`` logger). ``True`` insists: a ``read`` or ``collate``
             that cannot be sent is a ``ValueError``, and where no zygote can be made the

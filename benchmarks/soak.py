@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 
 from aioloader import FileDataset, ImageDecoder, Loader
-from aioloader.decode import zygote
 from aioloader.decode.pool import mp_context
+from aioloader.procs import zygote
 from aioloader.synthetic import make_image_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

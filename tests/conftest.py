@@ -31,8 +31,8 @@ from helpers import (
     write_numbered_files,
 )
 
-from aioloader.decode import zygote
 from aioloader.decode.pool import mp_context
+from aioloader.procs import zygote
 from aioloader.synthetic import make_image_folder
 
 

@@ -466,7 +466,7 @@ def shared_helper_pids() -> set[int]:
     They outlive every loader by design."""
     from multiprocessing import forkserver, resource_tracker
 
-    from aioloader.decode import zygote
+    from aioloader.procs import zygote
 
     pids = set()
     fs = getattr(forkserver._forkserver, "_forkserver_pid", None)

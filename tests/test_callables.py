@@ -308,7 +308,7 @@ def test_a_loader_made_inside_the_loader_process_is_a_clear_error(numbered: list
 def test_the_main_module_never_reaches_a_worker() -> None:
     """The preparation data a helper starts with names no main module (the zygote and the
     stock fork server alike): nothing can make a helper import the script."""
-    from aioloader.decode import forking
+    from aioloader.procs import forking
 
     data = forking.preparation_data("aioloader-worker")
     assert not {"init_main_from_path", "init_main_from_name"} & data.keys()

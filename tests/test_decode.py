@@ -21,7 +21,8 @@ from PIL import Image, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
 from aioloader import ImageDecoder
 from aioloader.decode import worker as _worker
-from aioloader.decode.protocol import Chunk, Pickled
+from aioloader.decode.protocol import Chunk
+from aioloader.memory.results import Pickled
 from aioloader.synthetic import make_image
 
 

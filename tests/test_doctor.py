@@ -17,7 +17,7 @@ from crashkit import semaphores
 from helpers import decode_number, memfd_holders, script_env, session_survivors, shm_segments, start_script
 
 from aioloader import Loader
-from aioloader.decode.segments import ENV
+from aioloader.memory.segments import ENV
 from aioloader.safety import doctor
 
 HOLDER = """

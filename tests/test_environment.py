@@ -16,7 +16,7 @@ import pytest
 from helpers import RuntimeWatch, finish_script, start_script
 
 from aioloader import Loader
-from aioloader.decode import forking, zygote
+from aioloader.procs import forking, zygote
 
 SET, CHANGED, REMOVED = "AIOLOADER_TEST_SET", "AIOLOADER_TEST_CHANGED", "AIOLOADER_TEST_REMOVED"
 NAMES = (SET, CHANGED, REMOVED)

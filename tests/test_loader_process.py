@@ -42,7 +42,7 @@ from helpers import (
 )
 
 from aioloader import DecodeError, Loader, LoaderError, ReadError
-from aioloader.decode.slabs import shm_available
+from aioloader.memory.slabs import shm_available
 from aioloader.run.wire import SPILL_BYTES
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
@@ -321,7 +321,7 @@ def test_collate_runs_with_one_intra_op_thread(numbered: list[str]) -> None:
 
 def test_without_a_zygote_it_loads_in_process_and_says_so(tmp_path: Path, numbered: list[str]) -> None:
     """A process whose first loader starts while an ``aioloader-*`` thread already runs
-    cannot fork a zygote (module docstring of aioloader.decode.zygote): the loader runs in
+    cannot fork a zygote (module docstring of aioloader.procs.zygote): the loader runs in
     the trainer's process, with a warning, and still loads everything."""
     script = tmp_path / "no_zygote.py"
     script.write_text(
@@ -452,7 +452,7 @@ def test_where_no_zygote_can_be_made_auto_loads_in_process_silently_and_true_war
     tmp_path: Path, numbered: list[str]
 ) -> None:
     """A process whose aioloader threads already run when a loader would fork its zygote
-    (aioloader.decode.zygote): the default, ``"auto"``, loads in-process with a DEBUG line
+    (aioloader.procs.zygote): the default, ``"auto"``, loads in-process with a DEBUG line
     and no warning; ``loader_process=True`` loads in-process with a WARNING. Each delivers
     every sample, on a second ``aioloader-loop`` thread beside the first loader's. obstore,
     asked for by name, reads only in a loader process: fsspec reads instead, with a WARNING."""

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from aioloader import Loader
-from aioloader.decode.protocol import Pickled
-from aioloader.decode.slots import OrderedSlots
 from aioloader.engine.sizing import chunk_cuts
 from aioloader.engine.tasks import Opening
+from aioloader.memory.results import Pickled
+from aioloader.memory.slots import OrderedSlots
 
 
 def test_chunk_cuts_put_the_probes_first_then_whole_chunks() -> None:

@@ -16,7 +16,7 @@ import pytest
 from helpers import RuntimeWatch, decode_number, descendants, finish_script, flatten, start_script
 
 from aioloader import Loader
-from aioloader.decode import zygote
+from aioloader.procs import zygote
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process names are Linux's")
 
@@ -137,10 +137,10 @@ def test_the_stock_fork_servers_workers_are_named(numbered: list[str], tmp_path:
 def test_every_name_reads_whole_and_says_aioloader() -> None:
     """The kernel keeps 15 bytes of a name: each of ours fits whole, each is another role's
     than the others, and each starts with ``aioloader`` (for ``pgrep aioloader``)."""
-    from aioloader.safety import lifeline
+    from aioloader.procs import roles
 
-    assert lifeline.NAMES == {"zygote": ZYGOTE, "loader": LOADER, "worker": WORKER, "reader": READER}
-    assert all(len(name.encode()) <= 15 and name.startswith("aioloader") for name in lifeline.NAMES.values())
+    assert roles.NAMES == {"zygote": ZYGOTE, "loader": LOADER, "worker": WORKER, "reader": READER}
+    assert all(len(name.encode()) <= 15 and name.startswith("aioloader") for name in roles.NAMES.values())
 
 
 def test_reader_processes_are_named() -> None:

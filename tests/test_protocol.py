@@ -23,7 +23,9 @@ import torch
 from aioloader import sample_rng
 from aioloader.base.tree import LEAF, flatten, map_leaves, unflatten
 from aioloader.decode import worker as _worker
-from aioloader.decode.layout import (
+from aioloader.decode.protocol import Chunk
+from aioloader.engine.assemble import view_array
+from aioloader.memory.layout import (
     LayoutTracker,
     SampleLayout,
     array_spec,
@@ -31,9 +33,8 @@ from aioloader.decode.layout import (
     describe,
     plan_slab,
 )
-from aioloader.decode.protocol import ArrayRef, Chunk, Failed, InArea, Pickled, StatusTable, Written
-from aioloader.decode.segments import SegmentHandle
-from aioloader.engine.assemble import view_array
+from aioloader.memory.results import ArrayRef, Failed, InArea, Pickled, StatusTable, Written
+from aioloader.memory.segments import SegmentHandle
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -366,7 +367,7 @@ def test_what_crosses_to_a_worker_and_back_keeps_every_field_pickled() -> None:
     back equal. A field added to a class and not to its ``__reduce__`` fails here."""
     import dataclasses
 
-    from aioloader.decode.layout import ArraySpec, SlabLayout
+    from aioloader.memory.layout import ArraySpec, SlabLayout
 
     spec = ArraySpec(shape=(3, 4), dtype="|u1", torch=True, nbytes=12)
     sample = SampleLayout(treedef="*", leaves=(spec, None))

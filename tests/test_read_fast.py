@@ -17,7 +17,7 @@ import pytest
 from helpers import write_numbered_files
 
 from aioloader import ReadError
-from aioloader.decode.slabs import Arena
+from aioloader.memory.slabs import Arena
 from aioloader.read import blocking, mounts
 from aioloader.read.blocking import read_file, read_into
 from aioloader.read.reader import FileReader

@@ -36,10 +36,12 @@ import aioloader
 from aioloader import FileDataset, Loader, LoaderError
 from aioloader.base.items import Failure
 from aioloader.decode import worker as _worker
-from aioloader.decode.layout import SampleLayout
-from aioloader.decode.protocol import Chunk, Failed
-from aioloader.decode.segments import ENV, SegmentGone, attach
-from aioloader.decode.slabs import SlabPool, shm_available
+from aioloader.decode.protocol import Chunk
+from aioloader.memory.layout import SampleLayout
+from aioloader.memory.lifecycle import MOVES, SlabMoveError, SlabState
+from aioloader.memory.results import Failed
+from aioloader.memory.segments import ENV, SegmentGone, attach
+from aioloader.memory.slabs import SlabPool, shm_available
 from aioloader.observe.stats import Counters
 from aioloader.plan.sampler import plan_epoch
 from aioloader.run import wire
@@ -186,6 +188,34 @@ def test_segments_are_gone_after_errors_and_gc(numbered: list[str], tmp_path: Pa
     del loader
     gc.collect()
     assert shm_segments() == set()
+
+
+def test_every_slab_keeps_the_written_lifecycle() -> None:
+    """aioloader/memory/lifecycle.py: taken -> out (views handed out) -> free once the last
+    view is garbage -> taken again; a tainted slab is closed, never free; a move the contract
+    does not list (handing out twice, handing out a free slab) raises where it happens."""
+    pool = SlabPool(4, pooled=2, sample=SampleLayout.declared((3,)))
+    try:
+        slab = pool.acquire()
+        assert slab.state is SlabState.TAKEN
+        owner = slab.owner(pool.release)
+        assert slab.state is SlabState.OUT
+        with pytest.raises(SlabMoveError, match="out -> out"):
+            slab.owner(pool.release)
+        del owner
+        gc.collect()
+        assert slab.state is SlabState.FREE
+        with pytest.raises(SlabMoveError, match="free -> out"):
+            slab.owner(pool.release)
+        assert pool.acquire() is slab and slab.state is SlabState.TAKEN
+        slab.tainted = True
+        pool.release(slab)
+        assert slab.state is SlabState.CLOSED and slab.closed
+        assert pool.acquire() is not slab
+    finally:
+        pool.close()
+    assert all(to in MOVES[now] for now, to in [(s, SlabState.CLOSED) for s in SlabState])
+    assert MOVES[SlabState.CLOSED] == {SlabState.CLOSED}  # never reused
 
 
 def test_pool_unit_bounded_reuse() -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aioloader.decode.slots import OrderedSlots
+from aioloader.memory.slots import OrderedSlots
 
 pytestmark = pytest.mark.asyncio
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import kill_session, script_env
 
-from aioloader.decode.segments import ENV
+from aioloader.memory.segments import ENV
 
 FILES = 192  # three batches of 64
 MOUNT = "mount -t tmpfs -o size=8m tmpfs /dev/shm"

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from aioloader.decode.segments import choose_kind
+from aioloader.memory.segments import choose_kind
 from aioloader.run.spills import SpillPool
 
 pytestmark = pytest.mark.skipif(choose_kind() is None, reason="needs shared memory (memfd or /dev/shm)")

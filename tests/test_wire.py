@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from aioloader.decode.segments import SegmentHandle
 from aioloader.errors import ReadError
+from aioloader.memory.segments import SegmentHandle
 from aioloader.run.wire import Located, SlabRef, decode, encode, pack_error, spill, unpack_error
 
 SLAB = SegmentHandle("aioloader-1-0-abcd", "/proc/1/fd/7", 1, 2)

@@ -30,7 +30,7 @@ from helpers import (
 )
 
 from aioloader import Loader
-from aioloader.decode.slabs import shm_available
+from aioloader.memory.slabs import shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
 

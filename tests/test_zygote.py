@@ -34,7 +34,7 @@ from helpers import (
 )
 
 from aioloader import FileDataset, ImageDecoder, Loader
-from aioloader.decode import zygote
+from aioloader.procs import zygote
 
 WORKER, LOADER = "aioloader-work", "aioloader-loop"  # /proc/<pid>/comm
 HANG_GUARD = 60.0  # seconds; only ever reached when the promise is broken
@@ -55,7 +55,7 @@ if __name__ == "__main__":
         first = next(it)
         rest = [int(v) for b in [first, *it] for v in b[:, 0, 0]]
         assert rest == list(range(len(paths))), rest
-        zpid = str(aioloader.decode.zygote.pid())
+        zpid = str(aioloader.procs.zygote.pid())
         print("zygote", zpid, flush=True)
         ppid = lambda p: open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1]
         comm = lambda p: open(f"/proc/{{p}}/comm").read().strip()
@@ -101,7 +101,7 @@ def test_no_zygote_once_loader_threads_exist(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
         import threading, time
-        from aioloader.decode import zygote
+        from aioloader.procs import zygote
         t = threading.Thread(target=time.sleep, args=(1,), name="aioloader-loop", daemon=True)
         t.start()
         print(zygote.context(), zygote.pid())

@@ -1,6 +1,6 @@
 """Freed heap memory given back to the system after a burst of pickled batches.
 
-Until a decoder's sample layout is learned (:mod:`aioloader.decode.layout`), samples cross
+Until a decoder's sample layout is learned (:mod:`aioloader.memory.layout`), samples cross
 between processes pickled. The first batch's probe sample usually teaches it alone
 (:mod:`aioloader.engine.epoch`); where it does not (it failed, or its shape was not the
 others'), the first batches' samples cross pickled: from a worker to the loop, and with a

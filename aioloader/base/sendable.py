@@ -35,7 +35,7 @@ from typing import Any
 import cloudpickle
 
 from aioloader.errors import LoaderError
-from aioloader.safety import lifeline
+from aioloader.procs import roles
 
 __all__ = ["dumps", "loads", "user_modules"]
 
@@ -93,6 +93,6 @@ def loads(blob: bytes, argument: str = "value") -> Any:
         return pickle.loads(blob)
     except Exception as exc:
         raise LoaderError(
-            f"{argument} could not be loaded in process {os.getpid()} ({lifeline.role() or 'a process'}) "
+            f"{argument} could not be loaded in process {os.getpid()} ({roles.role() or 'a process'}) "
             f"that runs it: {type(exc).__name__}: {exc}"
         ) from exc

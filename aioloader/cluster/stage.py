@@ -28,12 +28,12 @@ from typing import Any
 from aioloader.cluster.faults import Kind, Recovery, kind_of
 from aioloader.cluster.session import RaySession
 from aioloader.cluster.task import Answer, Fatal, Reading, TimedOut
-from aioloader.decode.protocol import Failed, Pickled, RowResult
-from aioloader.decode.slabs import Slab
-from aioloader.decode.slots import OrderedSlots
 from aioloader.decode.stage import decode_error
-from aioloader.decode.worker import RowWriter
 from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
+from aioloader.memory.results import Failed, Pickled, RowResult
+from aioloader.memory.slabs import Slab
+from aioloader.memory.slots import OrderedSlots
+from aioloader.memory.writer import RowWriter
 from aioloader.observe.stages import StageMeter
 from aioloader.observe.stats import Counters
 from aioloader.read.outcomes import checked

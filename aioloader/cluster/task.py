@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from aioloader.base import sendable
-from aioloader.decode.protocol import Chunk, RowResult
+from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import decode_chunk
 from aioloader.errors import LoaderError
+from aioloader.memory.results import RowResult
 from aioloader.read.outcomes import TRANSIENT, backoff
 
 __all__ = ["Answer", "Fatal", "Reading", "TimedOut", "decode_task"]

@@ -1,6 +1,6 @@
 """The decode worker processes: start, crash recovery and bounded shutdown.
 
-Workers are forked by the zygote (:mod:`aioloader.decode.zygote`: a fork server forked from this process
+Workers are forked by the zygote (:mod:`aioloader.procs.zygote`: a fork server forked from this process
 before the loader had threads, so it already holds what the decoder needs). Where there is
 none, they come from the stock ``forkserver`` context (``spawn`` where there is none): plain
 ``fork`` after the loader's threads exist can copy a held lock into the child and hang it.
@@ -26,10 +26,11 @@ from types import ModuleType
 from typing import Any
 
 from aioloader.base.semnames import named_for_this_process
-from aioloader.decode import forking, zygote
 from aioloader.decode import worker as _worker
-from aioloader.decode.protocol import Chunk, RowResult
+from aioloader.decode.protocol import Chunk
 from aioloader.errors import LoaderError, WorkerCrashedError
+from aioloader.memory.results import RowResult
+from aioloader.procs import forking, zygote
 
 __all__ = ["Breakage", "DecodePool", "describe_deaths", "mp_context"]
 
@@ -53,7 +54,7 @@ def main_imports() -> list[str]:
     """Modules the main script imported at its top level (``import torch``, ``from x import
     f``), for the fork server to preload.
 
-    Workers never import the main module itself (:mod:`aioloader.decode.forking`), but the decode function
+    Workers never import the main module itself (:mod:`aioloader.procs.forking`), but the decode function
     sent to them refers to what it imported: with those modules already loaded in the fork
     server, each worker does not pay for, e.g., ``import torch`` (see benchmarks/RESULTS.md).
     """

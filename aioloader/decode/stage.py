@@ -1,10 +1,10 @@
 """The decode stage the engine awaits: one chunk of a batch in, one outcome per sample out.
 
 :meth:`DecodeStage.run` takes a chunk's samples (already read into the batch's slab) and
-returns, for each, a :data:`~aioloader.decode.protocol.RowResult` or the :class:`~aioloader.SampleError`
+returns, for each, a :data:`~aioloader.memory.results.RowResult` or the :class:`~aioloader.SampleError`
 that ends it. On the way it
 
-- waits for a decode slot, granted in epoch order (:mod:`aioloader.decode.slots`);
+- waits for a decode slot, granted in epoch order (:mod:`aioloader.memory.slots`);
 - during hot start (the built-in ``ImageDecoder`` only, while the workers boot) decodes on
   a thread of this process instead;
 - with ``sample_timeout``, kills the worker of a row decoding for longer than that (the
@@ -26,11 +26,12 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from aioloader.decode.pool import DecodePool, describe_deaths
-from aioloader.decode.protocol import Chunk, Failed, RowResult, Source
-from aioloader.decode.slabs import Slab
-from aioloader.decode.slots import OrderedSlots
+from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import NotLoaded, decode_chunk
 from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
+from aioloader.memory.results import Failed, RowResult, Source
+from aioloader.memory.slabs import Slab
+from aioloader.memory.slots import OrderedSlots
 from aioloader.observe.stages import StageMeter
 
 __all__ = ["DecodeStage", "Outcome", "decode_error"]

@@ -6,13 +6,13 @@ offsets and a few integers. :func:`run_chunk` decodes a
 :class:`~aioloader.decode.protocol.Chunk` (one round trip amortised over several samples): it
 reads each sample's bytes from the slab's input arena and writes the decoded arrays into the
 slab, in the sample's row when the sample has the slab's rows layout, else into the chunk's
-share of the output area (see :mod:`aioloader.decode.layout` and
+share of the output area (see :mod:`aioloader.memory.layout` and
 :mod:`aioloader.decode.protocol`). It never raises: each sample's failure comes back as data
 with the worker's traceback, and an exception that cannot be pickled is replaced by
 one that can. Imports NumPy only; torch only if the decoder itself did.
 
 A worker maps each slab once, through the handle the chunk carries (the loader's
-``/proc/<pid>/fd/<fd>`` for a memfd, see :mod:`aioloader.decode.segments`), and keeps the mapping under the
+``/proc/<pid>/fd/<fd>`` for a memfd, see :mod:`aioloader.memory.segments`), and keeps the mapping under the
 slab's unique name. A slab that cannot be mapped, or whose descriptor is now another file
 (a chunk of an abandoned slab still queued after the loader closed it and reused the fd
 number), is never written: every row of the chunk comes back as a failure, which the loader
@@ -36,21 +36,14 @@ import cloudpickle
 import numpy as np
 
 from aioloader.base import heap, sendable
-from aioloader.decode.layout import ALIGN, ArraySpec, SlabLayout, describe
-from aioloader.decode.protocol import (
-    ArrayRef,
-    Chunk,
-    Failed,
-    InArea,
-    Pickled,
-    RowResult,
-    StatusTable,
-    Written,
-)
-from aioloader.decode.segments import SegmentHandle, attach
+from aioloader.decode.protocol import Chunk
+from aioloader.memory.results import Failed, Pickled, RowResult, StatusTable
+from aioloader.memory.segments import SegmentHandle, attach
+from aioloader.memory.writer import RowWriter
+from aioloader.procs import roles
 from aioloader.safety import lifeline
 
-__all__ = ["RowWriter", "decode_chunk", "run_chunk", "sample_rng", "warm_up", "worker_init"]
+__all__ = ["decode_chunk", "run_chunk", "sample_rng", "warm_up", "worker_init"]
 
 _decode: Callable[[bytes], Any] | None = None
 # Per thread: ``context``, the (seed, epoch, index) of the sample being decoded, and ``rng``,
@@ -94,7 +87,7 @@ def worker_init(decode: bytes) -> None:
     :mod:`aioloader.safety.lifeline`). A ``decode`` that does not unpickle here is reported by
     every task (:class:`NotLoaded`), not by an initialiser that kills the worker."""
     global _decode, _not_loaded
-    lifeline.become("worker")
+    roles.become("worker")
     lifeline.follow_parent()
     # The parent owns shutdown: a Ctrl-C in the terminal reaches the whole process group,
     # and workers that died of it would print tracebacks and break the pool mid-close.
@@ -190,53 +183,6 @@ def decode_chunk(
             status.done(row)
     del status
     return results
-
-
-class RowWriter:
-    """Writes one sample's arrays into the slab: its row of the rows blocks when it has the
-    slab's sample layout, else the chunk's share of the output area, else nowhere."""
-
-    def __init__(self, m: mmap.mmap, layout: SlabLayout, area: tuple[int, int] | None) -> None:
-        self.m = m
-        self.layout = layout
-        self.at, self.end = (area[0], area[0] + area[1]) if area is not None else (0, 0)
-
-    def put(self, row: int, value: Any) -> RowResult:
-        treedef, leaves, specs = describe(value)
-        arrays = [(leaf, spec) for leaf, spec in zip(leaves, specs, strict=True) if spec is not None]
-        if not arrays:
-            return Pickled(value)
-        sample = self.layout.sample
-        if sample is not None and sample.treedef == treedef and sample.leaves == specs:
-            for (leaf, spec), block in zip(arrays, self.layout.blocks, strict=True):
-                self._write(block + row * spec.nbytes, leaf, spec)
-            return Written(tuple(leaf for leaf, spec in zip(leaves, specs, strict=True) if spec is None))
-        need = sum(-(-spec.nbytes // ALIGN) * ALIGN for _, spec in arrays)
-        if self.at + need > self.end:
-            return Pickled(value)  # no room: the pipe carries it
-        refs: list[Any] = []
-        for leaf, maybe in zip(leaves, specs, strict=True):
-            if maybe is None:
-                refs.append(leaf)
-                continue
-            refs.append(ArrayRef(self.at, maybe))
-            self._write(self.at, leaf, maybe)
-            self.at += -(-maybe.nbytes // ALIGN) * ALIGN
-        return InArea(treedef, tuple(refs))
-
-    def _write(self, offset: int, leaf: Any, spec: ArraySpec) -> None:
-        if spec.nbytes == 0:
-            return
-        dest = np.frombuffer(self.m, dtype=np.uint8, count=spec.nbytes, offset=offset)
-        if spec.torch:
-            torch = sys.modules["torch"]
-            flat = leaf.detach().contiguous().reshape(-1)
-            target = torch.from_numpy(dest).view(flat.dtype)
-            target.copy_(flat)
-            del target
-        else:
-            np.copyto(dest.view(leaf.dtype).reshape(leaf.shape), leaf, casting="no")
-        del dest
 
 
 def _decode_one(

@@ -36,11 +36,11 @@ import torch
 from aioloader.base.items import Batch
 from aioloader.base.tree import unflatten
 from aioloader.collate import collate_leaves, default_collate, plain_batch
-from aioloader.decode.layout import ArraySpec
-from aioloader.decode.protocol import ArrayRef, InArea, Pickled, RowResult, Written
-from aioloader.decode.slabs import Slab, SlabPool
-from aioloader.decode.worker import RowWriter
 from aioloader.errors import LoaderError
+from aioloader.memory.layout import ArraySpec
+from aioloader.memory.results import ArrayRef, InArea, Pickled, RowResult, Written
+from aioloader.memory.slabs import Slab, SlabPool
+from aioloader.memory.writer import RowWriter
 from aioloader.observe.stages import StageMeter
 
 __all__ = ["Assembler", "view_array"]

@@ -21,10 +21,7 @@ from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.image import ImageDecoder
-from aioloader.decode.layout import LayoutTracker, declared_layout
 from aioloader.decode.pool import DecodePool
-from aioloader.decode.protocol import Pickled, RowResult, Source, layout_evidence
-from aioloader.decode.slabs import Slab, SlabPool
 from aioloader.decode.stage import DecodeStage
 from aioloader.engine import sizing
 from aioloader.engine.assemble import Assembler
@@ -32,6 +29,9 @@ from aioloader.engine.failures import FailurePolicy
 from aioloader.engine.sizing import SizeTracker, pooled_arenas, pooled_slabs
 from aioloader.engine.tasks import Opening, cancel, gather_or_cancel
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
+from aioloader.memory.layout import LayoutTracker, declared_layout
+from aioloader.memory.results import Pickled, RowResult, Source, layout_evidence
+from aioloader.memory.slabs import Slab, SlabPool
 from aioloader.observe.stats import Counters
 from aioloader.plan.repack import Repacker
 from aioloader.plan.sampler import EpochPlan

@@ -4,10 +4,10 @@ the opening of an epoch (when its later batches may decode)."""
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
+
+from aioloader.memory.slots import OrderedWaiters
 
 __all__ = ["Opening", "cancel", "gather_or_cancel"]
 
@@ -20,7 +20,7 @@ class Opening:
     if ``wait_for_layout``, no layout is still to learn from it; or once it is done (whoever
     runs it calls :meth:`open` then). Waiters go on in ``key`` order, smallest first, so the
     decode slots they ask for next are granted in epoch order too (see
-    :mod:`aioloader.decode.slots`).
+    :mod:`aioloader.memory.slots`).
 
     ``wait_for_layout=False`` (``ordered=False``: completion order from the first sample on)
     lets the later batches in without the layout: a slow probe then holds back only its own
@@ -36,27 +36,21 @@ class Opening:
         self.wait_for_layout = wait_for_layout
         self.chunks = 0  # of the first batch still reading
         self.is_open = False
-        self._waiters: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
+        self._waiters = OrderedWaiters()
         self._probes = 0
         self._followers: list[asyncio.Future[None]] = []
 
     async def wait(self, key: tuple[int, ...]) -> None:
         if self.is_open:
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (key, next(self._seq), fut))
-        await fut
+        await self._waiters.add(key)
 
     def open(self) -> None:
         if self.is_open:
             return
 
         self.is_open = True
-        while self._waiters:  # resumed in this order
-            _, _, fut = heapq.heappop(self._waiters)
-            if not fut.done():
-                fut.set_result(None)
+        self._waiters.wake_all()  # resumed in key order
 
     def probing(self, probes: int) -> None:
         """The first batch's first ``probes`` samples decode alone, each in a task of its own,

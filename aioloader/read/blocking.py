@@ -5,7 +5,7 @@ library's own reads with nothing else waiting on the loop, on the loop itself
 (:mod:`aioloader.read.groups`). Blocking, no event loop: the loop side is
 :class:`aioloader.read.reader.FileReader`.
 
-Every function returns a :data:`~aioloader.decode.protocol.Source`: ``(offset, length)`` in
+Every function returns a :data:`~aioloader.memory.results.Source`: ``(offset, length)`` in
 the arena, or the bytes themselves when they do not fit.
 """
 
@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aioloader.decode.protocol import Source
-from aioloader.decode.slabs import Arena
+from aioloader.memory.results import Source
+from aioloader.memory.slabs import Arena
 from aioloader.read.mounts import Mounts
 from aioloader.read.urls import local_path
 

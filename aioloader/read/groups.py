@@ -18,10 +18,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from functools import partial
 
-from aioloader.decode.protocol import Source
-from aioloader.decode.slabs import Arena
-from aioloader.decode.slots import OrderedSlots
 from aioloader.errors import SampleError
+from aioloader.memory.results import Source
+from aioloader.memory.slabs import Arena
+from aioloader.memory.slots import OrderedSlots
 from aioloader.observe.stages import StageMeter
 from aioloader.read.blocking import GROUP_THREADS, HintedRead, ReadPace, read_group
 from aioloader.read.outcomes import TRANSIENT, checked

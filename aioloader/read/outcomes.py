@@ -7,8 +7,8 @@ from __future__ import annotations
 import errno
 import random
 
-from aioloader.decode.protocol import Source
 from aioloader.errors import ReadError, SampleError
+from aioloader.memory.results import Source
 from aioloader.read.urls import is_remote, redact
 
 __all__ = ["TRANSIENT", "backoff", "checked"]

@@ -26,10 +26,10 @@ from typing import Any
 from aiofiles.os import wrap
 
 from aioloader.base.threads import DaemonThreadPool
-from aioloader.decode.protocol import Source
-from aioloader.decode.slabs import Arena
-from aioloader.decode.slots import OrderedSlots
 from aioloader.errors import LoaderTimeoutError, SampleError
+from aioloader.memory.results import Source
+from aioloader.memory.slabs import Arena
+from aioloader.memory.slots import OrderedSlots
 from aioloader.observe.stages import StageMeter
 from aioloader.read.backends import StorageBackend
 from aioloader.read.blocking import (

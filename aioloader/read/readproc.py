@@ -17,7 +17,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from aioloader.decode.segments import SegmentHandle, attach
+from aioloader.memory.segments import SegmentHandle, attach
+from aioloader.procs import roles
 from aioloader.read.blocking import HINT_MAX, MOUNTS, ReadPace, named, own_time, read_file, run_queue_seconds
 from aioloader.read.urls import local_path
 from aioloader.safety import lifeline
@@ -38,7 +39,7 @@ def main(conn: Connection, handle: SegmentHandle) -> None:
     sent (the part's number in one byte, then the pickled paths) into that part of the
     buffer ``handle`` names (offsets in the answer are the part's), answer, until the pipe
     closes."""
-    lifeline.become("reader")
+    roles.become("reader")
     lifeline.follow_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer owns shutdown
     try:

@@ -37,10 +37,9 @@ from collections import deque
 from multiprocessing.connection import Connection, Pipe
 from typing import Any
 
-from aioloader.decode import zygote
-from aioloader.decode.segments import Segment, choose_kind
+from aioloader.memory.segments import Segment, choose_kind
+from aioloader.procs import roles, zygote
 from aioloader.read.readproc import PARTS, Answer, main
-from aioloader.safety import lifeline
 
 __all__ = ["BUFFER_BYTES", "ReadWorkers"]
 
@@ -259,7 +258,7 @@ class ReadWorkers:
 def _spawn(ctx: Any, kind: str) -> _Worker:
     segment = Segment(f"aioloader-{os.getpid()}-read{next(_ids)}", PARTS * BUFFER_BYTES, kind)
     ours, theirs = Pipe(duplex=True)
-    proc = ctx.Process(target=main, args=(theirs, segment.handle), name=lifeline.NAMES["reader"], daemon=True)
+    proc = ctx.Process(target=main, args=(theirs, segment.handle), name=roles.NAMES["reader"], daemon=True)
     try:
         proc.start()
     except BaseException:

@@ -2,9 +2,9 @@
 reads, the decode pool and ``collate`` of one loader, away from the trainer's process and its
 GIL.
 
-It is forked by the zygote (:mod:`aioloader.decode.zygote`), so it starts in milliseconds with what
+It is forked by the zygote (:mod:`aioloader.procs.zygote`), so it starts in milliseconds with what
 the trainer had imported, and asks the same zygote for its decode workers
-(:func:`~aioloader.decode.zygote.adopt`). It ends with the trainer, however the trainer ends
+(:func:`~aioloader.procs.zygote.adopt`). It ends with the trainer, however the trainer ends
 (:func:`~aioloader.safety.lifeline.follow_parent`). Its event loop runs on its main thread.
 
 Two channels join it to the trainer (:mod:`aioloader.run.procruntime`)::
@@ -42,11 +42,11 @@ from aioloader.base.items import Batch, End, Failure, Item
 from aioloader.base.threads import DaemonThreadPool
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
-from aioloader.decode import zygote
-from aioloader.decode.segments import Segment, choose_kind
 from aioloader.errors import LoaderError
+from aioloader.memory.segments import Segment, choose_kind
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint, plan_for
+from aioloader.procs import roles, zygote
 from aioloader.read.urls import is_remote
 from aioloader.run.pipeline import Pipeline, build
 from aioloader.run.spills import SpillPool
@@ -71,7 +71,7 @@ def main(
     does not load in this process is the trainer's error at start, not this process's
     traceback; ``log_level``: the trainer's ``aioloader`` logger's, when it started this
     process."""
-    lifeline.become("loader")
+    roles.become("loader")
     lifeline.follow_parent()
     torch = sys.modules.get("torch")  # imported by the trainer this process is a fork of
     if torch is not None:

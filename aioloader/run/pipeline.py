@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from aioloader.cluster.session import RaySession
 from aioloader.config import LoaderConfig, usable_cpus
 from aioloader.dataset import FileDataset
-from aioloader.decode.layout import declared_layout
 from aioloader.decode.pool import DecodePool
-from aioloader.decode.segments import FDS_PER_SLAB, MEMFD, choose_kind
-from aioloader.decode.slabs import SlabPool
 from aioloader.engine.epoch import Engine, pooled_arenas, pooled_slabs
+from aioloader.memory.layout import declared_layout
+from aioloader.memory.segments import FDS_PER_SLAB, MEMFD, choose_kind
+from aioloader.memory.slabs import SlabPool
 from aioloader.observe.stats import Counters
 from aioloader.read.reader import FileReader
 from aioloader.read.routing import read_workers

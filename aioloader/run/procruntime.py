@@ -29,17 +29,17 @@ from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
-from aioloader.decode import zygote
 from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint
 from aioloader.plan.sampler import EpochPlan
+from aioloader.procs import roles, zygote
 from aioloader.run import loaderproc, runtime, wire
 from aioloader.run.bridge import Bridge
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
 from aioloader.run.pipeline import slabs_pooled
-from aioloader.safety import doctor, gcfreeze, lifeline
+from aioloader.safety import doctor, gcfreeze
 
 __all__ = ["NoZygote", "PipeRun", "ProcessRuntime"]
 
@@ -239,7 +239,7 @@ class ProcessRuntime(runtime.RuntimeBase):
                 where,
                 logging.getLogger("aioloader").getEffectiveLevel(),
             ),
-            name=lifeline.NAMES["loader"],
+            name=roles.NAMES["loader"],
             # Not a daemon: a daemon may not have children (its decode workers). Shutdown,
             # the exit hook and SIGTERM stop it, and its lifeline ends it with the trainer.
             daemon=False,

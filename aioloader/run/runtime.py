@@ -25,10 +25,11 @@ from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint
 from aioloader.plan.sampler import EpochPlan
+from aioloader.procs import roles
 from aioloader.run import pipeline
 from aioloader.run.bridge import Bridge, Run
 from aioloader.run.device import DeviceCopier
-from aioloader.safety import gcfreeze, lifeline, sigterm
+from aioloader.safety import gcfreeze, sigterm
 
 __all__ = ["EventLoopThread", "Runtime", "RuntimeBase"]
 
@@ -133,7 +134,7 @@ class RuntimeBase(abc.ABC):
     run: Any
 
     def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
-        lifeline.refuse_loader_here()  # a decode or collate making a loader: say so, never hang
+        roles.refuse_loader_here()  # a decode or collate making a loader: say so, never hang
         self.owner_pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()

@@ -22,8 +22,8 @@ import os
 import secrets
 import threading
 
-from aioloader.decode.segments import Segment
-from aioloader.decode.slabs import PREFIX
+from aioloader.memory.segments import Segment
+from aioloader.memory.slabs import PREFIX
 
 __all__ = ["SpillPool"]
 

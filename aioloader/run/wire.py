@@ -6,7 +6,7 @@ A batch's arrays and tensors that view one of the loader's shared-memory slabs t
 1 MiB or more (a custom ``collate``'s output), copied once into a one-shot segment of its own
 (:func:`spill`); everything else (labels, strings, small arrays) travels pickled, and so do
 the handles of the slabs used
-(:class:`~aioloader.decode.segments.SegmentHandle`: name, path, inode). The trainer maps each slab
+(:class:`~aioloader.memory.segments.SegmentHandle`: name, path, inode). The trainer maps each slab
 (once: the mapping is cached under the slab's unique name, :class:`SlabMaps`) and rebuilds
 each leaf as a view of it, so a batch of any size costs the pipe a few hundred bytes and no
 copy. A memfd slab is reached through the loader process's ``/proc/<pid>/fd/<fd>``, and
@@ -38,8 +38,8 @@ import cloudpickle
 import numpy as np
 
 from aioloader.base.tree import TreeDef, flatten, unflatten
-from aioloader.decode.segments import SegmentHandle, attach
 from aioloader.errors import LoaderError
+from aioloader.memory.segments import SegmentHandle, attach
 
 __all__ = [
     "SPILL_BYTES",
@@ -143,7 +143,7 @@ def encode(value: Any, slabs: list[Located]) -> tuple[TreeDef, list[Any], list[S
 def spill(leaves: list[Any], handles: list[SegmentHandle], make: Callable[[int], Any]) -> list[Any]:
     """Copy each array leaf of ordinary memory of at least :data:`SPILL_BYTES` (what a
     custom ``collate`` built, say) into a new segment ``make(nbytes)`` (a
-    :class:`~aioloader.decode.segments.Segment`), replacing it in ``leaves`` by a
+    :class:`~aioloader.memory.segments.Segment`), replacing it in ``leaves`` by a
     :class:`SlabRef` and adding the segment's handle to ``handles``; returns the segments made.
 
     Pickled, such a leaf would be copied three times (into the pickle, through the pipe,
@@ -236,7 +236,7 @@ class SlabMaps:
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 
     def get(self, handle: SegmentHandle) -> mmap.mmap:
-        """The slab's mapping; OSError (:class:`~aioloader.decode.segments.SegmentGone` among them)
+        """The slab's mapping; OSError (:class:`~aioloader.memory.segments.SegmentGone` among them)
         when it cannot be mapped, or its path is another file now."""
         m = self._maps.get(handle.name)
         if m is not None:

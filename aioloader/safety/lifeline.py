@@ -16,14 +16,9 @@ Two mechanisms, and each helper uses both where it can:
 The chain after a trainer dies: the zygote sees its pipe close (and on Linux gets SIGKILL),
 each worker sees its own pipe close (and gets SIGKILL when the zygote dies), and
 multiprocessing's resource tracker, once every holder of its pipe is gone, unlinks the
-shared-memory slabs and semaphores still registered with it (see :mod:`aioloader.decode.slabs`).
+shared-memory slabs and semaphores still registered with it (see :mod:`aioloader.memory.slabs`).
 
-Each helper also says what it is (:func:`name_process`), so ``ps``, ``top`` and ``htop`` show
-its whole name (:data:`NAMES`: ``aioloader-fork``, ``aioloader-loop``, ``aioloader-work``,
-``aioloader-read``) rather than a row of ``python``, and records its role (:func:`become`):
-a loader cannot be started inside one (:func:`refuse_loader_here`), because its code would
-run in a worker or the loader process, where a second pool of helpers is never what the
-user meant.
+What each helper is, and what it is called, is :mod:`aioloader.procs.roles`'.
 """
 
 from __future__ import annotations
@@ -35,35 +30,10 @@ import signal
 import sys
 import threading
 
-from aioloader.errors import LoaderError
+__all__ = ["ORPHANED", "die_with_parent", "exit_when_closed", "follow_parent"]
 
-__all__ = [
-    "NAMES",
-    "become",
-    "die_with_parent",
-    "exit_when_closed",
-    "name_process",
-    "refuse_loader_here",
-    "role",
-]
-
-_role: str | None = None
-
-#: What each helper is called where ``ps``, ``top`` and ``htop`` look (``/proc/<pid>/comm``),
-#: by its role. The kernel keeps 15 bytes of a name, so each is at most 15 and reads whole
-#: (``aioloader-worker``, 16, showed as ``aioloader-worke``); all start with ``aioloader``,
-#: so ``pgrep aioloader`` finds every one.
-NAMES = {
-    "zygote": "aioloader-fork",  # the zygote: the fork server that makes the others
-    "loader": "aioloader-loop",  # the loader process: the loader's event loop, reads, collate
-    "worker": "aioloader-work",  # a decode worker
-    "reader": "aioloader-read",  # a reader process (fast local reads off the loop)
-}
 
 _PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
-#: The kernel keeps 16 bytes of a task's name, the terminating NUL included.
-_NAME_MAX = 15
 #: The exit status of a helper that ended because the trainer's process was gone.
 ORPHANED = 70
 
@@ -83,23 +53,6 @@ def die_with_parent(parent: int) -> bool:
     if os.getppid() != parent:
         os._exit(ORPHANED)
     return True
-
-
-def name_process(name: str) -> bool:
-    """Set this process's name as ``ps -o comm``, ``top`` and ``htop`` show it
-    (``/proc/<pid>/comm``; Linux, at most 15 bytes, longer is cut). False elsewhere, or if
-    the call failed.
-
-    ``PR_SET_NAME`` names the calling thread, and a process's comm is its main thread's:
-    call it from the main thread, before starting threads, which inherit the name."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        raw = ctypes.c_char_p(name.encode()[:_NAME_MAX])
-        return bool(libc.prctl(_PR_SET_NAME, raw, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
 
 
 def exit_when_closed(fd: int) -> threading.Thread:
@@ -141,26 +94,3 @@ def follow_parent() -> None:
     # The pipe only the parent process writes to (multiprocessing's "parent sentinel"): end
     # of file once it is gone, even while this process waits for work that never comes.
     exit_when_closed(parent.sentinel)
-
-
-def become(what: str) -> None:
-    """Record that this process is aioloader's ``what`` (a key of :data:`NAMES`; inherited
-    by what it forks) and give it that role's name where ``ps`` and ``top`` look
-    (:func:`name_process`). Call it first: threads started afterwards inherit the name."""
-    global _role
-    _role = what
-    name_process(NAMES[what])
-
-
-def role() -> str | None:
-    """What this process is to aioloader, or None for a user's process."""
-    return _role
-
-
-def refuse_loader_here() -> None:
-    """Raise :class:`LoaderError` inside one of aioloader's own helper processes."""
-    if _role is not None:
-        raise LoaderError(
-            f"a Loader cannot be started inside aioloader's own {_role} process (pid {os.getpid()}): "
-            "make loaders in the training script, not in code that decode, read or collate run"
-        )

@@ -23,7 +23,7 @@ of the moment it was forked and must never reach them. (Variables a library read
 was imported, in the zygote, such as ``OMP_NUM_THREADS`` for torch, keep the value it read
 then, as in any forked child.)
 
-What a helper is, once started, is recorded by :func:`aioloader.safety.lifeline.become`.
+What a helper is, once started, is recorded by :func:`aioloader.procs.roles.become`.
 """
 
 from __future__ import annotations

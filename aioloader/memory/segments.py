@@ -26,7 +26,7 @@ leaves nothing), and ``aioloader doctor`` finds those of dead processes.
 ``auto`` (the default: memfd where possible, else ``/dev/shm``), ``memfd`` (memfd or no
 slabs: every sample is pickled), ``devshm`` (always ``/dev/shm``, e.g. to test the fallback).
 A loader process (the default, :mod:`aioloader.run.loaderproc`) reads the trainer's environment as it
-was when the loader started (:mod:`aioloader.decode.forking`).
+was when the loader started (:mod:`aioloader.procs.forking`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from multiprocessing import (
 from multiprocessing import context as mpcontext
 from typing import Any
 
-from aioloader.decode import forking
+from aioloader.procs import forking, roles
 from aioloader.safety import lifeline
 
 __all__ = ["address", "adopt", "context", "pid"]
@@ -96,7 +96,7 @@ def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
         # The trainer forked this process inside ``with _lock``: this copy of it would stay
         # held for ever, in the zygote and in everything it forks.
         _lock = threading.Lock()
-        lifeline.become("zygote")
+        roles.become("zygote")
         if parent is not None:
             lifeline.die_with_parent(parent)
         # Objects of the trainer that were garbage at the fork stay uncollected: their
@@ -154,7 +154,7 @@ def _open_fds() -> list[int]:
 
 class _ZygotePopen(popen_forkserver.Popen):
     """``popen_forkserver.Popen`` asking the zygote, not the stock fork server, and never
-    for the main module (:mod:`aioloader.decode.forking`)."""
+    for the main module (:mod:`aioloader.procs.forking`)."""
 
     def _launch(self, process_obj: Any) -> None:
         assert _server is not None

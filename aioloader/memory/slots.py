@@ -15,7 +15,41 @@ import heapq
 import itertools
 from types import TracebackType
 
-__all__ = ["OrderedSlots"]
+__all__ = ["OrderedSlots", "OrderedWaiters"]
+
+
+class OrderedWaiters:
+    """Futures that wait to be woken smallest ``key`` first (ties: first come), the one
+    ordered-waiters structure of the package: decode and read slots (:class:`OrderedSlots`)
+    and an epoch's opening (:class:`aioloader.engine.tasks.Opening`) both keep theirs here.
+    A waiter that was cancelled is passed over. Loop-bound."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def add(self, key: tuple[int, ...]) -> asyncio.Future[None]:
+        """A future to await, woken in ``key`` order by :meth:`wake_one` or :meth:`wake_all`."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._heap, (key, next(self._seq), fut))
+        return fut
+
+    def wake_one(self) -> bool:
+        """Wake the smallest waiter still waiting; False when there was none."""
+        while self._heap:
+            _, _, fut = heapq.heappop(self._heap)
+            if not fut.done():  # a cancelled waiter's future is done: skip it
+                fut.set_result(None)
+                return True
+        return False
+
+    def wake_all(self) -> None:
+        """Wake every waiter, smallest key first."""
+        while self.wake_one():
+            pass
 
 
 class OrderedSlots:
@@ -26,8 +60,7 @@ class OrderedSlots:
         self.limit = limit
         self._free = limit if opened else 0
         self._opened = opened
-        self._waiters: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
+        self._waiters = OrderedWaiters()
 
     def open(self) -> None:
         """Make the ``limit`` slots available (a no-op once open)."""
@@ -60,8 +93,7 @@ class OrderedSlots:
         if self._free > 0 and not self._waiters:
             self._free -= 1
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (key, next(self._seq), fut))
+        fut = self._waiters.add(key)
         try:
             await fut
         except asyncio.CancelledError:
@@ -73,12 +105,8 @@ class OrderedSlots:
         if self._free < 0:  # the limit was lowered while this slot was held
             self._free += 1
             return
-        while self._waiters:
-            _, _, fut = heapq.heappop(self._waiters)
-            if not fut.done():  # a cancelled waiter's future is done: skip it
-                fut.set_result(None)
-                return
-        self._free += 1
+        if not self._waiters.wake_one():
+            self._free += 1
 
     def slot(self, key: tuple[int, ...]) -> _Slot:
         """``async with slots.slot(key):`` holds one slot for the block."""

@@ -1,8 +1,8 @@
 """Shared-memory batch slabs: where file bytes go in and decoded samples come out.
 
-A slab is one shared-memory segment (:mod:`aioloader.decode.segments`: anonymous shared memory on Linux,
+A slab is one shared-memory segment (:mod:`aioloader.memory.segments`: anonymous shared memory on Linux,
 reached by descriptor, else a file in ``/dev/shm``) laid out by
-:func:`aioloader.decode.layout.plan_slab`::
+:func:`aioloader.memory.layout.plan_slab`::
 
     [ status table | input arena: file bytes | rows blocks | output area ]
 
@@ -33,7 +33,7 @@ made, and the tracker unlinks what is still registered once every process holdin
 is gone. Names carry the maker's pid (``aioloader-<pid>-<n>-<random>``), so ``aioloader
 doctor`` can find ``/dev/shm`` slabs of processes that are gone (a tracker killed too, say),
 and ``/proc/<pid>/maps`` shows whose a memfd mapping is. ``AIOLOADER_SLABS=devshm`` forces
-``/dev/shm`` (see :mod:`aioloader.decode.segments`).
+``/dev/shm`` (see :mod:`aioloader.memory.segments`).
 """
 
 from __future__ import annotations
@@ -50,10 +50,11 @@ from typing import Any
 
 import numpy as np
 
-from aioloader.decode.layout import SampleLayout, SlabLayout, plan_slab
-from aioloader.decode.protocol import StatusTable
-from aioloader.decode.segments import SHM_DIR, Segment, SegmentHandle, choose_kind
 from aioloader.errors import LoaderError
+from aioloader.memory.layout import SampleLayout, SlabLayout, plan_slab
+from aioloader.memory.lifecycle import SlabState, check_move
+from aioloader.memory.results import StatusTable
+from aioloader.memory.segments import SHM_DIR, Segment, SegmentHandle, choose_kind
 
 __all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "shm_available"]
 
@@ -104,7 +105,7 @@ class _Owner(np.ndarray):
 
 
 class Slab:
-    """One segment of ``kind`` (see :mod:`aioloader.decode.segments`) laid out by ``layout``; ``input`` is
+    """One segment of ``kind`` (see :mod:`aioloader.memory.segments`) laid out by ``layout``; ``input`` is
     its input arena, ``status`` its status table (see :mod:`aioloader.decode.protocol`) and ``handle`` how
     another process maps it."""
 
@@ -114,6 +115,9 @@ class Slab:
         #: Set when something may still write into the slab after its batch is abandoned (a
         #: read that timed out, a worker still decoding): such a slab is never reused.
         self.tainted = False
+        #: Where the slab is in its lifecycle (:mod:`aioloader.memory.lifecycle`): made for a
+        #: batch that acquired it, so taken.
+        self.state = SlabState.TAKEN
         self.name = f"{PREFIX}{os.getpid()}-{next(_ids)}-{secrets.token_hex(4)}"
         self._segment = Segment(self.name, layout.size, kind)
         self._mmap = self._segment.mmap
@@ -134,6 +138,11 @@ class Slab:
     def closed(self) -> bool:
         return self._segment.closed
 
+    def advance(self, to: SlabState) -> None:
+        """Move to ``to`` along the lifecycle (:mod:`aioloader.memory.lifecycle`), or raise."""
+        check_move(self.name, self.state, to)
+        self.state = to
+
     def reset(self) -> None:
         """Ready for a new batch: empty arenas, clear status."""
         self.input.reset()
@@ -148,6 +157,7 @@ class Slab:
     def owner(self, release: Any) -> np.ndarray[Any, Any]:
         """A new array over the whole segment; ``release(self)`` runs once it and every view
         derived from it are garbage (from whichever thread drops the last one)."""
+        self.advance(SlabState.OUT)
         owner = np.frombuffer(self._mmap, dtype=np.uint8).view(_Owner)
         weakref.finalize(owner, release, self)
         return owner
@@ -155,6 +165,7 @@ class Slab:
     def close(self) -> None:
         """Unreachable for other processes from now on (the memory lives on while something
         maps it); idempotent."""
+        self.advance(SlabState.CLOSED)  # from any state: the pool is closed, or it is let go
         self._segment.close()
 
 
@@ -167,7 +178,7 @@ class SlabPool:
     that no longer fits what :meth:`want` asks (a new sample layout, bigger files, or files
     much smaller than its arena was made for) is closed and replaced. ``kind``: where the
     segments live (``"memfd"`` or ``"devshm"``);
-    by default as ``AIOLOADER_SLABS`` says, read now (see :mod:`aioloader.decode.segments`).
+    by default as ``AIOLOADER_SLABS`` says, read now (see :mod:`aioloader.memory.segments`).
     """
 
     def __init__(
@@ -230,6 +241,7 @@ class SlabPool:
             while self._free:
                 slab = self._free.pop()
                 if self._fits(slab.layout):
+                    slab.advance(SlabState.TAKEN)
                     slab.reset()
                     return slab
                 self._forget(slab)
@@ -259,6 +271,7 @@ class SlabPool:
                 return
             keep = self._pooled_count <= self.pooled  # the bound may have come down meanwhile
             if slab.pooled and not slab.tainted and not self._closed and keep:
+                slab.advance(SlabState.FREE)
                 self._free.append(slab)
             else:
                 self._forget(slab)

@@ -1,0 +1,11 @@
+"""Making aioloader's helper processes: the zygote they are forked from, how they start (never
+running the training script, with the trainer's environment of now), and what each is.
+
+| module | role |
+| --- | --- |
+| ``zygote.py`` | the fork server forked from the trainer before any loader thread; ends with the trainer |
+| ``forking.py`` | how helpers start: no main module, the asking process's environment, ``sys.path`` and cwd |
+| ``roles.py`` | each helper's role and its whole name in ``ps``/``top`` (``aioloader-fork``, ...) |
+
+How a helper ends with the trainer is ``safety/``'s (:mod:`aioloader.safety.lifeline`).
+"""
