@@ -70,6 +70,23 @@ def test_percentiles_come_from_recorded_latencies_divided_per_sample() -> None:
     assert str(snap).startswith("decode: 400 items, busy 100%, 1.0 of 4 in flight")
 
 
+def test_timed_leaves_however_the_block_ends_with_the_samples_it_carried() -> None:
+    """``with meter.timed() as t``: one item in flight for the block, left on an exception
+    too, with ``t.per`` samples set inside it."""
+    clock = FakeClock()
+    meter = StageMeter("read", bound=2, clock=clock)
+    with meter.timed() as timed:
+        clock.advance(1.0)
+        assert meter.snapshot().in_flight == 1
+        timed.per = 4
+    with pytest.raises(ValueError), meter.timed(per=2):
+        clock.advance(1.0)
+        raise ValueError("a read that failed")
+    snap = meter.snapshot()
+    assert (snap.items, snap.in_flight, snap.busy_seconds) == (6, 0, 2.0)
+    assert (snap.p50_ms, snap.p99_ms) == (250.0, 500.0)  # 1 s over 4 samples, 1 s over 2
+
+
 def test_percentiles_are_sorted_again_at_most_every_quarter_second() -> None:
     clock = FakeClock()
     meter = StageMeter("collate", clock=clock)

@@ -146,10 +146,10 @@ class RayDecodeStage:
         async with self._slots.slot((k, chunk[0][0])):
             session = self._session
             ref = session.submit(chunk, self._seed, epoch, self._timeout, self._reading)
-            entered = self._meter.enter()
             started = time.perf_counter()
             try:
-                answer = await self._answer(ref, len(chunk))
+                with self._meter.timed(per=len(chunk)):
+                    answer = await self._answer(ref, len(chunk))
             except asyncio.CancelledError:
                 session.abandon(ref)  # left to end; close() kills it if it runs on
                 raise
@@ -161,7 +161,6 @@ class RayDecodeStage:
                 return None, kind
             finally:
                 session.done(ref)
-                self._meter.leave(entered, per=len(chunk))
             self._counters.cluster_task(
                 session.tasks,
                 len(chunk),

@@ -128,16 +128,14 @@ class DecodeStage:
             slots = self._open_slots()
             async with slots.slot((k, chunk.items[0][0])):
                 fut, generation = self._pool.submit(chunk)
-                entered = self._meter.enter()
                 try:
-                    results = await self._watch(fut, slab, chunk)
+                    with self._meter.timed(per=len(chunk.items)):
+                        results = await self._watch(fut, slab, chunk)
                     break
                 except BrokenProcessPool:
                     pass
                 except NotLoaded as exc:  # this loader's decode does not unpickle there
                     raise self._pool.not_loaded(exc) from None
-                finally:
-                    self._meter.leave(entered, per=len(chunk.items))
             paths = [self._path_of(i) for _, i, _ in chunk.items]
             broke = await self._pool.recover(generation, paths)
             self._on_restart(self._pool.restarts)
@@ -192,11 +190,8 @@ class DecodeStage:
             loop = asyncio.get_running_loop()
             m = slab.mmap if slab is not None else None
             im = inputs.mmap if inputs is not None else None
-            entered = self._meter.enter()
-            try:
+            with self._meter.timed(per=len(chunk.items)):
                 return await loop.run_in_executor(self._local, decode_chunk, m, chunk, self._decode, im)
-            finally:
-                self._meter.leave(entered, per=len(chunk.items))
 
     async def _watch(self, fut: Future[list[RowResult]], slab: Slab | None, chunk: Chunk) -> list[RowResult]:
         """Await a decode task; with ``sample_timeout``, kill the worker of a row that has

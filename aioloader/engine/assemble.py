@@ -90,11 +90,8 @@ class Assembler:
         sample = slab.layout.sample if slab is not None else None
         if sample is not None and self._custom is None and all(isinstance(results[r], Written) for r in kept):
             assert slab is not None
-            entered = self._meter.enter()
-            try:
+            with self._meter.timed():
                 value, slab = self._from_blocks(results, kept, slab)
-            finally:
-                self._meter.leave(entered)
             return Batch(index=k, value=value if labels is None else (value, labels), size=len(kept)), slab
         if (
             self._custom is None
@@ -113,8 +110,8 @@ class Assembler:
         samples, slab = self._samples(results, kept, slab)
         plain = plain_batch(samples) if self._custom is None and slab is None else None
         if plain is not None:  # file bytes (decode=None): the list is the batch, here and now
-            entered = self._meter.enter()
-            self._meter.leave(entered)
+            with self._meter.timed():  # nothing to collate: counted, as no time
+                pass
             return Batch(index=k, value=plain if labels is None else (plain, labels), size=len(plain)), None
         if labels is not None:
             samples = [(s, int(lbl)) for s, lbl in zip(samples, labels.tolist(), strict=True)]
@@ -127,17 +124,18 @@ class Assembler:
 
     def _metered(self, samples: list[Any]) -> Any:
         """``collate`` on the collate thread, timed there (not its wait for the thread)."""
-        entered = self._meter.enter()
-        try:
+        with self._meter.timed():
             return self._collate(samples)
-        finally:
-            self._meter.leave(entered)
 
     def _into_rows(self, results: list[RowResult | None], kept: list[int]) -> tuple[Any, Slab | None] | None:
         """The kept pickled samples written into the rows of a new slab of the layout learned
         since, then handed out as its blocks; None when there is none or one does not fit."""
         assert self._slabs is not None
-        entered = self._meter.enter()
+        with self._meter.timed():
+            return self._write_rows(results, kept)
+
+    def _write_rows(self, results: list[RowResult | None], kept: list[int]) -> tuple[Any, Slab | None] | None:
+        assert self._slabs is not None
         slab = self._slabs.acquire()
         try:
             if slab.layout.sample is None:
@@ -156,8 +154,6 @@ class Assembler:
         except BaseException:
             self._release(slab)
             raise
-        finally:
-            self._meter.leave(entered)
 
     def settle_probes(self, results: list[RowResult | None], probes: int, slab: Slab | None) -> None:
         """The first batch's probe samples (its first ``probes`` rows) came back pickled, one

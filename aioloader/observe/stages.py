@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from aioloader.observe.trace import Tracer
 
-__all__ = ["KEPT", "STAGES", "StageMeter", "StageStats", "between", "utilization"]
+__all__ = ["KEPT", "STAGES", "StageMeter", "StageStats", "Timed", "between", "utilization"]
 
 #: The loader's stages, in pipeline order (``bottleneck.stage`` may also be ``"trainer"``).
 STAGES = ("read", "decode", "collate", "transfer")
@@ -150,6 +150,11 @@ class StageMeter:
         if self.tracer is not None:
             self.tracer.add(self.name, entered, took, max(n, per))
 
+    def timed(self, per: int = 1) -> Timed:
+        """``with meter.timed() as t:``: one item in the stage for the block, however it ends
+        (:meth:`enter`, then :meth:`leave`); ``t.per``, set inside, is the samples it carried."""
+        return Timed(self, per)
+
     def snapshot(self, percentiles: bool = True) -> StageStats:
         """The figures so far; without ``percentiles`` (no sort), for a per-batch mark."""
         now = self.clock()
@@ -194,3 +199,20 @@ def _percentile(ordered: list[float], q: float) -> float | None:
         return None
     i = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
     return ordered[i] * 1e3
+
+
+class Timed:
+    """One item's stay in a stage (:meth:`StageMeter.timed`); ``per``: the samples it
+    carried, settable until the block ends."""
+
+    __slots__ = ("_entered", "_meter", "per")
+
+    def __init__(self, meter: StageMeter, per: int) -> None:
+        self._meter, self.per, self._entered = meter, per, 0.0
+
+    def __enter__(self) -> Timed:
+        self._entered = self._meter.enter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._meter.leave(self._entered, per=self.per)

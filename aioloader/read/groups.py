@@ -108,12 +108,9 @@ class Groups:
         attempted, and whether the last was slow."""
         if way == WORKERS:
             assert self.workers is not None
-            entered = self.meter.enter()
-            answer = None
-            try:
+            with self.meter.timed() as timed:
                 answer = await self.workers.read(paths)
-            finally:
-                self.meter.leave(entered, per=len(answer[0]) if answer else 1)
+                timed.per = len(answer[0]) if answer else 1
             if answer is not None:
                 self.pace.observe_all(answer[2])
                 return answer[0], answer[1]
@@ -126,22 +123,16 @@ class Groups:
         else:
             one = self.plain
         if way == LOOP:
-            entered = self.meter.enter()
-            got: tuple[list[Source | OSError], bool] = ([], False)
-            try:
+            with self.meter.timed() as timed:
                 got = read_group(one, paths, self.pace)
-            finally:
-                self.meter.leave(entered, per=len(got[0]))
+                timed.per = len(got[0])
             await asyncio.sleep(0)  # what else waits on the loop runs between groups
             return got
         if self._hops is None:
             self._hops = asyncio.Semaphore(GROUP_THREADS)
         async with self._hops, self.slots().slot(()):
             loop = asyncio.get_running_loop()
-            entered = self.meter.enter()  # one I/O slot, its files read one after another
-            got = ([], False)
-            try:
+            with self.meter.timed() as timed:  # one I/O slot, its files read one after another
                 got = await loop.run_in_executor(self.pool, read_group, one, paths, self.pace)
-            finally:
-                self.meter.leave(entered, per=len(got[0]))
+                timed.per = len(got[0])
             return got

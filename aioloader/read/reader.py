@@ -280,11 +280,8 @@ class FileReader:
         while True:
             try:
                 async with slots.slot(()):
-                    entered = self.meter.enter()
-                    try:
+                    with self.meter.timed():
                         return await fn(*args, executor=self._pool)
-                    finally:
-                        self.meter.leave(entered)
             except OSError as exc:
                 attempt += 1
                 if exc.errno not in TRANSIENT or attempt > self.retries:

@@ -123,15 +123,14 @@ class Bridge:
         try:
             while (item := run.next_ready()) is not None:
                 if isinstance(item, Batch):
-                    entered = self.meter.enter()
-                    try:
-                        item.value, item.event = self.copier.to_device(item.value)
-                    except Exception as exc:  # noqa: BLE001 - goes to the trainer in order
-                        err = LoaderError(f"copying batch {item.index} to {self.copier.device} failed: {exc}")
-                        err.__cause__ = exc
-                        item = Failure(err)
-                    finally:
-                        self.meter.leave(entered)
+                    with self.meter.timed():
+                        try:
+                            item.value, item.event = self.copier.to_device(item.value)
+                        except Exception as exc:  # noqa: BLE001 - goes to the trainer in order
+                            where = self.copier.device
+                            err = LoaderError(f"copying batch {item.index} to {where} failed: {exc}")
+                            err.__cause__ = exc
+                            item = Failure(err)
                 if not run.handoff.put(item) or isinstance(item, (End, Failure)):
                     return
         finally:
