@@ -55,12 +55,29 @@ def on_loop(fn: Callable[[], Any]) -> Any:
 
 
 def read_once(paths: list[str]) -> Any:
-    """What one started reader process answers for ``paths``; closed afterwards."""
+    """What one started reader process answers for ``paths`` (closed afterwards): every
+    path's result, in order, whether its last group stopped at a slow read, and each read's
+    time. A group may
+    stop early at a read that looked slow or at its time budget (a loaded machine: a CI run
+    beside other work) and leave the rest to the caller, who sends them again, as the reader
+    does; so does this."""
     workers = started(1)
+    got: list[Any] = []
+    times: list[float] = []
+    slow = False
     try:
-        return on_loop(lambda: workers.read(paths))
+        while len(got) < len(paths):
+            rest = paths[len(got) :]
+            answer = on_loop(lambda rest=rest: workers.read(rest))
+            if answer is None:
+                return None
+            assert answer[0], "a group answered nothing"
+            got += answer[0]
+            slow = answer[1]
+            times += answer[2]
     finally:
         workers.close()
+    return got, slow, times
 
 
 # -- pure: when and how many ----------------------------------------------------------------
@@ -94,8 +111,8 @@ def test_a_group_comes_back_as_bytes_and_errors_in_order(files: list[str], tmp_p
     paths = [*files[:3], str(tmp_path / "missing"), str(tmp_path), str(empty), *files[3:]]
     answer = read_once(paths)
     assert answer is not None
-    got, slow, times = answer
-    assert len(got) == len(times) == len(paths) and not slow  # no budget reached for 27 small files
+    got, _, times = answer
+    assert len(got) == len(times) == len(paths)
     assert [got[i] for i in (0, 1, 2)] == [Path(p).read_bytes() for p in files[:3]]
     assert got[6:] == [Path(p).read_bytes() for p in files[3:]]
     assert isinstance(got[3], FileNotFoundError) and got[3].filename == paths[3]
