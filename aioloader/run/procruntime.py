@@ -225,7 +225,6 @@ class ProcessRuntime(runtime.RuntimeBase):
         self.counters = counters
         self._ids = 0
         self._restores = counters.restores
-        self.pool = self.slabs = None  # they live in the loader process
         conn, child = connection.Pipe(duplex=True)
         back_r, back_w = os.pipe()
         back = Connection(back_r, writable=False)

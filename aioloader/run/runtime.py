@@ -197,7 +197,6 @@ class Runtime(RuntimeBase):
     def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
         self.parts = pipeline.build(config, dataset, counters)
         self.config = self.parts.config
-        self.pool, self.slabs = self.parts.pool, self.parts.slabs  # for benchmarks/soak.py
         self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
         self.copier = DeviceCopier(config.device, config.pin_memory)
