@@ -266,6 +266,7 @@ class Host:
             self.counters.restore_failures(*restore)
         self.run_id = run_id
         self.credits = asyncio.Semaphore(self.config.prefetch)
+        # The one place a loader process's epoch plan is made: the trainer sent (epoch, resume).
         plan = plan_for(self.config, len(self.dataset), epoch, resume)
         self.task = asyncio.get_running_loop().create_task(self._run(run_id, plan, self.credits))
 
