@@ -100,7 +100,7 @@ def _loky_cpu_count() -> int:
 @dataclass(frozen=True)
 class LoaderConfig:
     """Every setting of a :class:`~aioloader.Loader`, validated (see ``Loader`` for meanings),
-    and what :meth:`create` settled from them (``loader_process``, ``io_auto``, ``workers_auto``,
+    and what :meth:`create` settled from them (``start_in``, ``io_auto``, ``workers_auto``,
     ``cluster_tasks``, ``sent``)."""
 
     batch_size: int
@@ -125,13 +125,14 @@ class LoaderConfig:
     rank: int = 0
     world_size: int = 1
     pad_shards: bool = True
-    #: Whether this loader starts in a loader process: ``loader_process=True``, or ``"auto"``
-    #: with ``read`` and ``collate`` sendable. Where no zygote can be made it loads
-    #: in-process all the same (:mod:`aioloader.run.start`).
-    loader_process: bool = False
-    #: ``loader_process="auto"``: a loader process that cannot be made, or callables that
-    #: cannot be sent there, mean in-process without a warning.
-    process_auto: bool = False
+    #: ``loader_process`` as given: ``"auto"``, True or False.
+    loader_process: LoaderProcess = False
+    #: Where the loader starts its pipeline (:func:`choose_runtime`): ``"process"`` for
+    #: ``loader_process="auto"`` or True, unless ``decode_on="ray"`` or, under ``"auto"``,
+    #: a ``read`` or ``collate`` that cannot be sent. Where no zygote can be made, a
+    #: ``"process"`` loader runs on the thread all the same (:mod:`aioloader.run.start`;
+    #: ``Loader.runtime`` says where it ran).
+    start_in: Where = "thread"
     #: fsspec options for remote URLs; never shown (credentials).
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     #: the client of remote reads (:mod:`aioloader.read.backends`).
@@ -163,16 +164,13 @@ class LoaderConfig:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, blob in state["sent"].items():
             state[name] = sendable.loads(blob, name)
+        if "start_in" not in state:
+            _one_name_for_loader_process(state)
         self.__dict__.update(state)  # frozen: no setattr, and __init__ would check again
 
     @property
     def autotuned(self) -> bool:
         return self.io_auto or self.workers_auto
-
-    @property
-    def loader_process_asked(self) -> LoaderProcess:
-        """``loader_process`` as it was given: ``"auto"``, True or False."""
-        return "auto" if self.process_auto else self.loader_process
 
     @classmethod
     def create(cls, **given: object) -> LoaderConfig:
@@ -223,8 +221,8 @@ class LoaderConfig:
             rank=rank,
             world_size=world_size,
             pad_shards=bool(a.pad_shards),
-            loader_process=start_in == "process",
-            process_auto=loader_process == "auto" and not on_ray,
+            loader_process=loader_process,
+            start_in=start_in,
             storage_options=storage_options,
             storage_backend=resolve(a.storage_backend, start_in == "process"),
             progress=progress,
@@ -276,3 +274,12 @@ def choose_runtime(
         logger.debug("loader_process='auto': loading in-process: %s", exc)
         return "thread", {}
     return "process", sent
+
+
+def _one_name_for_loader_process(state: dict[str, Any]) -> None:
+    """A config pickled before ``loader_process`` had one name: ``loader_process`` held the
+    choice settled (a bool) and ``process_auto`` whether ``"auto"`` was given (absent before
+    ``"auto"`` existed). Now the value as given and ``start_in``."""
+    state["start_in"] = "process" if state.get("loader_process") else "thread"
+    if state.pop("process_auto", False):
+        state["loader_process"] = "auto"

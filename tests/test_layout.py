@@ -189,6 +189,7 @@ def test_pickles_from_before_the_wings_still_load() -> None:
     assert (config.batch_size, config.seed, config.on_error, config.max_failures) == (4, 3, "skip", 0.5)
     assert set(config.sent) == {"decode"}
     assert isinstance(config.decode, ImageDecoder) and config.collate is default_collate
+    assert (config.loader_process, config.start_in) == (False, "thread")  # as the names are now
 
     jpeg = io.BytesIO()
     Image.fromarray(np.full((40, 50, 3), 7, np.uint8)).save(jpeg, format="JPEG")
