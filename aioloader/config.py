@@ -1,12 +1,14 @@
-"""Validated loader settings: a plain frozen dataclass, checked without any I/O.
-
-Every argument error names the argument and shows the value, e.g.
-``batch_size=0 must be a positive integer``.
+"""Validated loader settings: a plain frozen dataclass, made without any I/O by
+:meth:`LoaderConfig.create` in two steps. Each argument is checked on its own by a plain
+function of :mod:`aioloader.arguments` (every error names the argument and shows the value,
+e.g. ``batch_size=0 must be a positive integer``); then the two policies are settled here:
+where the pipeline starts (:func:`choose_runtime`) and which callables are pickled, once, for
+the processes that run them (:func:`send_decode`, and ``read`` and ``collate`` with the
+runtime).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -15,6 +17,28 @@ from typing import Any, Literal
 
 import torch
 
+from aioloader.arguments import (
+    Arguments,
+    DecodeOn,
+    LoaderProcess,
+    OnError,
+    Progress,
+    check_callables,
+    check_decode_on,
+    check_device,
+    check_failures,
+    check_flags,
+    check_io_concurrency,
+    check_loader_process,
+    check_num_workers,
+    check_progress,
+    check_sample_timeout,
+    check_storage_options,
+    non_negative_int,
+    positive_int,
+    resolve_device,
+    resolve_rank,
+)
 from aioloader.base import sendable
 from aioloader.base.cpus import cpu_quota
 from aioloader.base.semnames import import_loky_cpu_count
@@ -25,18 +49,20 @@ __all__ = [
     "DecodeOn",
     "LoaderConfig",
     "LoaderProcess",
+    "OnError",
+    "Where",
+    "choose_runtime",
     "resolve_device",
     "resolve_rank",
+    "send_decode",
     "usable_cpus",
 ]
 
 logger = logging.getLogger("aioloader")
 
-OnError = Literal["raise", "skip"]
-#: ``decode_on``: where the decode runs.
-DecodeOn = Literal["local", "ray"]
-#: ``loader_process``: ``"auto"`` (a loader process wherever one can be made), True or False.
-LoaderProcess = bool | Literal["auto"]
+#: Where a loader's pipeline runs: a loader process, or the ``aioloader-loop`` thread of the
+#: trainer's process.
+Where = Literal["process", "thread"]
 #: Reads in flight an ``io_concurrency="auto"`` loader starts with (:mod:`aioloader.tune.rules` moves it).
 AUTO_IO_START = 64
 
@@ -71,62 +97,11 @@ def _loky_cpu_count() -> int:
     return int(import_loky_cpu_count()())
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
-
-
-def _non_negative_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name}={value!r} must be a non-negative integer")
-    return value
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """The device batches are delivered on; refuses CUDA when this machine has none."""
-    if device is None:
-        return torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a valid torch device") from exc
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} needs CUDA, but torch.cuda.is_available() is False")
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
-            )
-        return torch.device("cuda", index)
-    if dev.type != "cpu":
-        raise ValueError(f"device={device!r}: only 'cpu' and 'cuda[:N]' are supported")
-    return dev
-
-
-def resolve_rank(rank: object, world_size: object) -> tuple[int, int]:
-    """``(rank, world_size)``: as given, else torch.distributed's when a process group is
-    initialised, else ``(0, 1)``."""
-    if rank is None or world_size is None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-        else:
-            rank = 0 if rank is None else rank
-            world_size = 1 if world_size is None else world_size
-    ws = _positive_int("world_size", world_size)
-    r = _non_negative_int("rank", rank)
-    if r >= ws:
-        raise ValueError(f"rank={r} must be below world_size={ws}")
-    return r, ws
-
-
 @dataclass(frozen=True)
 class LoaderConfig:
-    """Every setting of a :class:`~aioloader.Loader`, validated (see ``Loader`` for meanings)."""
+    """Every setting of a :class:`~aioloader.Loader`, validated (see ``Loader`` for meanings),
+    and what :meth:`create` settled from them (``start_in``, ``io_auto``, ``workers_auto``,
+    ``cluster_tasks``, ``sent``)."""
 
     batch_size: int
     decode: Callable[[bytes], Any] | None
@@ -150,13 +125,14 @@ class LoaderConfig:
     rank: int = 0
     world_size: int = 1
     pad_shards: bool = True
-    #: Whether this loader starts in a loader process: ``loader_process=True``, or ``"auto"``
-    #: with ``read`` and ``collate`` sendable. Where no zygote can be made it loads
-    #: in-process all the same (:mod:`aioloader.run.start`).
-    loader_process: bool = False
-    #: ``loader_process="auto"``: a loader process that cannot be made, or callables that
-    #: cannot be sent there, mean in-process without a warning.
-    process_auto: bool = False
+    #: ``loader_process`` as given: ``"auto"``, True or False.
+    loader_process: LoaderProcess = False
+    #: Where the loader starts its pipeline (:func:`choose_runtime`): ``"process"`` for
+    #: ``loader_process="auto"`` or True, unless ``decode_on="ray"`` or, under ``"auto"``,
+    #: a ``read`` or ``collate`` that cannot be sent. Where no zygote can be made, a
+    #: ``"process"`` loader runs on the thread all the same (:mod:`aioloader.run.start`;
+    #: ``Loader.runtime`` says where it ran).
+    start_in: Where = "thread"
     #: fsspec options for remote URLs; never shown (credentials).
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     #: the client of remote reads (:mod:`aioloader.read.backends`).
@@ -168,13 +144,13 @@ class LoaderConfig:
     #: cluster has CPUs when the loader starts.
     cluster_tasks: int | None = None
     #: a progress bar per epoch (:mod:`aioloader.observe.progressbar`).
-    progress: bool | Literal["always"] = False
+    progress: Progress = False
     #: ``io_concurrency="auto"``: ``io_concurrency`` is where the tuner starts.
     io_auto: bool = False
     #: ``num_workers="auto"``: ``num_workers`` processes, of which the tuner lets some decode.
     workers_auto: bool = False
     #: The callables that run in other processes, pickled by value once (:mod:`aioloader.base.sendable`):
-    #: ``decode`` always, ``read`` and ``collate`` when ``loader_process`` is True.
+    #: ``decode`` always, ``read`` and ``collate`` when the loader starts in a loader process.
     sent: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -188,207 +164,122 @@ class LoaderConfig:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, blob in state["sent"].items():
             state[name] = sendable.loads(blob, name)
+        if "start_in" not in state:
+            _one_name_for_loader_process(state)
         self.__dict__.update(state)  # frozen: no setattr, and __init__ would check again
 
     @property
     def autotuned(self) -> bool:
         return self.io_auto or self.workers_auto
 
-    @property
-    def loader_process_asked(self) -> LoaderProcess:
-        """``loader_process`` as it was given: ``"auto"``, True or False."""
-        return "auto" if self.process_auto else self.loader_process
-
     @classmethod
-    def create(
-        cls,
-        *,
-        batch_size: object,
-        decode: object,
-        collate: object,
-        shuffle: object,
-        seed: object,
-        drop_last: object,
-        num_workers: object,
-        io_concurrency: object,
-        prefetch: object,
-        ordered: object,
-        device: object,
-        pin_memory: object,
-        on_error: object,
-        max_failures: object,
-        read: object = None,
-        zero_copy: object = True,
-        read_retries: object = 2,
-        sample_timeout: object = None,
-        max_worker_restarts: object = 3,
-        rank: object = None,
-        world_size: object = None,
-        pad_shards: object = True,
-        loader_process: object = "auto",
-        storage_options: object = None,
-        storage_backend: object = "auto",
-        progress: object = False,
-        decode_on: object = "local",
-    ) -> LoaderConfig:
-        """Check every argument and return the settings, or raise ``ValueError``/``TypeError``."""
-        bs = _positive_int("batch_size", batch_size)
-        if decode is not None and not callable(decode):
-            raise TypeError(f"decode={decode!r} must be callable (bytes -> sample) or None")
-        if read is not None and not callable(read):
-            raise TypeError(f"read={read!r} must be callable (path -> bytes) or None")
-        if collate is not None and not callable(collate):
-            raise TypeError(f"collate={collate!r} must be callable (list of samples -> batch)")
-        flags = (
-            ("shuffle", shuffle),
-            ("drop_last", drop_last),
-            ("ordered", ordered),
-            ("zero_copy", zero_copy),
-            ("pad_shards", pad_shards),
-        )
-        for name, flag in flags:
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name}={flag!r} must be True or False")
-        if not (isinstance(loader_process, bool) or loader_process == "auto"):
-            raise ValueError(f"loader_process={loader_process!r} must be 'auto', True or False")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed={seed!r} must be a non-negative integer")
-        on_ray = _check_decode_on(decode_on, decode, num_workers, loader_process)
-        if on_ray:
-            loader_process = False  # the Ray connection is the trainer's process's
-        workers_auto = num_workers == "auto"
-        if num_workers is None or workers_auto:
-            workers = usable_cpus()
-        elif isinstance(num_workers, str):
-            raise ValueError(f"num_workers={num_workers!r} must be a positive integer, 'auto' or None")
-        else:
-            workers = _positive_int("num_workers", num_workers)
-        io_auto = io_concurrency == "auto"
-        if io_auto:
-            io = AUTO_IO_START
-        elif isinstance(io_concurrency, str):
-            raise ValueError(f"io_concurrency={io_concurrency!r} must be a positive integer or 'auto'")
-        else:
-            io = _positive_int("io_concurrency", io_concurrency)
-        pre = _positive_int("prefetch", prefetch)
-        if not (device is None or isinstance(device, (str, torch.device))):
-            raise TypeError(f"device={device!r} must be None, a string or a torch.device")
-        dev = resolve_device(device)
-        if pin_memory is not None and not isinstance(pin_memory, bool):
-            raise TypeError(f"pin_memory={pin_memory!r} must be True, False or None")
-        # Pinned staging only means something for a CUDA copy; elsewhere it is ignored.
-        pin = dev.type == "cuda" and (pin_memory is None or pin_memory)
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error={on_error!r} must be 'raise' or 'skip'")
-        if max_failures is not None:
-            if on_error != "skip":
-                raise ValueError(f"max_failures={max_failures!r} needs on_error='skip'")
-            if isinstance(max_failures, bool) or not isinstance(max_failures, (int, float)):
-                raise TypeError(f"max_failures={max_failures!r} must be an int count or a float fraction")
-            if isinstance(max_failures, int) and max_failures < 0:
-                raise ValueError(f"max_failures={max_failures!r} must be >= 0")
-            if isinstance(max_failures, float) and not 0.0 <= max_failures <= 1.0:
-                raise ValueError(f"max_failures={max_failures!r} as a fraction must be in [0, 1]")
-        retries = _non_negative_int("read_retries", read_retries)
-        restarts = _non_negative_int("max_worker_restarts", max_worker_restarts)
-        if sample_timeout is not None and (
-            isinstance(sample_timeout, bool)
-            or not isinstance(sample_timeout, (int, float))
-            or sample_timeout <= 0
-        ):
-            raise ValueError(
-                f"sample_timeout={sample_timeout!r} must be a positive number of seconds or None"
-            )
-        the_rank, the_world = resolve_rank(rank, world_size)
-        if storage_options is not None and not isinstance(storage_options, Mapping):
-            # The type only: the value may hold credentials.
-            raise TypeError(
-                f"storage_options must be a dict (fsspec's options, or one per protocol), "
-                f"got {type(storage_options).__name__}"
-            )
-        if progress not in (True, False, "always") or not isinstance(progress, (bool, str)):
-            raise ValueError(f"progress={progress!r} must be True, False or 'always'")
-        sent = {}
-        if decode is not None and on_ray:
-            sent["decode"] = sendable.dumps(decode, "decode", "the Ray cluster's workers", elsewhere=True)
-        elif decode is not None:
-            sent["decode"] = sendable.dumps(decode, "decode", "the decode worker processes")
-        process_auto = loader_process == "auto"
-        process = loader_process is True or process_auto
-        if process:
-            try:
-                for name, value in (("read", read), ("collate", collate)):
-                    if value is not None:
-                        where = f"the loader process (loader_process={loader_process!r})"
-                        sent[name] = sendable.dumps(value, name, where)
-            except ValueError as exc:
-                # "auto" runs them in-process, where they need not be sent; obstore would
-                # then be refused below with a reason less to the point than this one.
-                if not process_auto or storage_backend == "obstore":
-                    raise
-                logger.debug("loader_process='auto': loading in-process: %s", exc)
-                process = False
-                sent.pop("read", None)
-        backend = resolve(storage_backend, process)
+    def create(cls, **given: object) -> LoaderConfig:
+        """The settings of ``Loader(**given)`` (the names of :class:`~aioloader.arguments.Arguments`),
+        or a ``ValueError``/``TypeError`` for the first argument found wrong: each is checked
+        by a plain function of :mod:`aioloader.arguments`, in this order, then the policies
+        are settled (:func:`send_decode`, :func:`choose_runtime`)."""
+        a = Arguments(**given)
+        batch_size = positive_int("batch_size", a.batch_size)
+        decode, read, collate = check_callables(a.decode, a.read, a.collate)
+        check_flags(a)
+        loader_process = check_loader_process(a.loader_process)
+        seed = non_negative_int("seed", a.seed)
+        on_ray = check_decode_on(a.decode_on, decode, a.num_workers, loader_process)
+        workers, workers_auto = check_num_workers(a.num_workers, usable_cpus)
+        io, io_auto = check_io_concurrency(a.io_concurrency, AUTO_IO_START)
+        prefetch = positive_int("prefetch", a.prefetch)
+        device, pin_memory = check_device(a.device, a.pin_memory)
+        on_error, max_failures = check_failures(a.on_error, a.max_failures)
+        read_retries = non_negative_int("read_retries", a.read_retries)
+        max_worker_restarts = non_negative_int("max_worker_restarts", a.max_worker_restarts)
+        sample_timeout = check_sample_timeout(a.sample_timeout)
+        rank, world_size = resolve_rank(a.rank, a.world_size)
+        storage_options = check_storage_options(a.storage_options)
+        progress = check_progress(a.progress)
+        sent = send_decode(decode, on_ray)
+        start_in, sent_there = choose_runtime(loader_process, on_ray, read, collate, a.storage_backend)
         return cls(
-            batch_size=bs,
+            batch_size=batch_size,
             decode=decode,
             collate=collate,
-            shuffle=bool(shuffle),
-            seed=int(seed),
-            drop_last=bool(drop_last),
+            shuffle=bool(a.shuffle),
+            seed=seed,
+            drop_last=bool(a.drop_last),
             num_workers=workers,
             io_concurrency=io,
-            prefetch=pre,
-            ordered=bool(ordered),
-            device=dev,
-            pin_memory=pin,
+            prefetch=prefetch,
+            ordered=bool(a.ordered),
+            device=device,
+            pin_memory=pin_memory,
             on_error=on_error,
             max_failures=max_failures,
             read=read,
-            zero_copy=bool(zero_copy),
-            read_retries=retries,
-            sample_timeout=None if sample_timeout is None else float(sample_timeout),
-            max_worker_restarts=restarts,
-            rank=the_rank,
-            world_size=the_world,
-            pad_shards=bool(pad_shards),
-            loader_process=process,
-            process_auto=process_auto,
-            storage_options=dict(storage_options) if storage_options is not None else None,
-            storage_backend=backend,
+            zero_copy=bool(a.zero_copy),
+            read_retries=read_retries,
+            sample_timeout=sample_timeout,
+            max_worker_restarts=max_worker_restarts,
+            rank=rank,
+            world_size=world_size,
+            pad_shards=bool(a.pad_shards),
+            loader_process=loader_process,
+            start_in=start_in,
+            storage_options=storage_options,
+            storage_backend=resolve(a.storage_backend, start_in == "process"),
             progress=progress,
             io_auto=io_auto,
             workers_auto=workers_auto,
-            sent=sent,
+            sent={**sent, **sent_there},
             decode_on="ray" if on_ray else "local",
-            cluster_tasks=(workers if num_workers is not None else None) if on_ray else None,
+            cluster_tasks=(workers if a.num_workers is not None else None) if on_ray else None,
         )
 
 
-def _check_decode_on(decode_on: object, decode: object, num_workers: object, loader_process: object) -> bool:
-    """Whether ``decode_on`` is ``"ray"``; a ``ValueError`` naming the argument for what
-    cannot go with it, an ``ImportError`` naming the extra without Ray installed."""
-    if decode_on not in ("local", "ray") or not isinstance(decode_on, str):
-        raise ValueError(f"decode_on={decode_on!r} must be 'local' or 'ray'")
-    if decode_on == "local":
-        return False
+def send_decode(decode: Callable[[bytes], Any] | None, on_ray: bool) -> dict[str, bytes]:
+    """``decode`` pickled by value, once, for the processes that run it: the decode workers,
+    or the Ray cluster's (``on_ray``); a ``ValueError`` naming it if it cannot be sent."""
     if decode is None:
-        raise ValueError("decode_on='ray' needs a decode function (decode=None: nothing to decode)")
-    if num_workers == "auto":
-        raise ValueError(
-            "num_workers='auto' cannot go with decode_on='ray': give the Ray tasks to run at once, "
-            "or None for as many as the cluster has CPUs"
-        )
-    if loader_process is True:
-        raise ValueError(
-            "loader_process=True cannot go with decode_on='ray': the loader submits its Ray tasks "
-            "from the trainer's process, which holds the Ray connection (leave loader_process='auto')"
-        )
+        return {}
+    if on_ray:
+        return {"decode": sendable.dumps(decode, "decode", "the Ray cluster's workers", elsewhere=True)}
+    return {"decode": sendable.dumps(decode, "decode", "the decode worker processes")}
+
+
+def choose_runtime(
+    loader_process: LoaderProcess,
+    on_ray: bool,
+    read: Callable[[str], bytes] | None,
+    collate: Callable[[list[Any]], Any] | None,
+    storage_backend: object,
+) -> tuple[Where, dict[str, bytes]]:
+    """Where the pipeline starts, and what must be sent there for it.
+
+    ``"thread"`` for ``loader_process=False``, and with ``decode_on="ray"`` (``on_ray``):
+    the Ray connection is the trainer's process's. Else ``"process"``, with ``read`` and
+    ``collate`` pickled by value for the loader process. One that cannot be sent is a
+    ``ValueError`` naming it under ``loader_process=True``, and with obstore (which reads
+    only in a loader process); under ``"auto"`` it keeps the loader in-process, where it
+    need not be sent (a DEBUG line)."""
+    if on_ray or loader_process is False:
+        return "thread", {}
+    sent = {}
     try:
-        found = importlib.util.find_spec("ray") is not None
-    except (ImportError, ValueError):  # a finder that refuses it, or a module without a spec
-        found = False
-    if not found:
-        raise ImportError("decode_on='ray' needs Ray: pip install 'aioloader[ray]'")
-    return True
+        for name, value in (("read", read), ("collate", collate)):
+            if value is not None:
+                where = f"the loader process (loader_process={loader_process!r})"
+                sent[name] = sendable.dumps(value, name, where)
+    except ValueError as exc:
+        # obstore would be refused in-process with a reason less to the point than this one.
+        if loader_process is True or storage_backend == "obstore":
+            raise
+        logger.debug("loader_process='auto': loading in-process: %s", exc)
+        return "thread", {}
+    return "process", sent
+
+
+def _one_name_for_loader_process(state: dict[str, Any]) -> None:
+    """A config pickled before ``loader_process`` had one name: ``loader_process`` held the
+    choice settled (a bool) and ``process_auto`` whether ``"auto"`` was given (absent before
+    ``"auto"`` existed). Now the value as given and ``start_in``."""
+    state["start_in"] = "process" if state.get("loader_process") else "thread"
+    if state.pop("process_auto", False):
+        state["loader_process"] = "auto"

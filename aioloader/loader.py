@@ -355,11 +355,11 @@ class Loader:
     # -- iteration --------------------------------------------------------------------------
     def _begin(self) -> Cursor:
         runtime = self._runtime_or_start()
-        plan, point, progress = self._epochs.begin()
+        progress, point = self._epochs.begin()
         self._counters.begin_epoch(progress.epoch)
-        run = runtime.start_run(plan, point)
+        run = runtime.start_run(progress.epoch, point)  # the runtime makes the epoch's plan
         done = 0 if point is None else point.start + len(point.done)
-        bar = make_bar(self._config.progress, progress.epoch, len(plan), self._counters, done)
+        bar = make_bar(self._config.progress, progress.epoch, progress.total, self._counters, done)
         return Cursor(runtime, run, progress, self._counters, lambda: self._state is State.CLOSED, bar)
 
     # -- resumption -------------------------------------------------------------------------

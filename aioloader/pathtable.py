@@ -1,7 +1,7 @@
 """A compact, immutable table of file paths: O(1) look-up, a few dozen bytes per entry.
 
-A 3 TB dataset of ~100 KB files is ~30 M paths. As a ``list[str]`` that is ~110 bytes per
-path (a ``str`` object, its text and the list slot), over 3 GB before any label. Here paths
+A 3 TB dataset of ~100 KB files is ~30 M paths. As a ``list[str]`` each path is a ``str``
+object, its text and the list slot: gigabytes before any label (RESULTS §0f). Here paths
 are split into their folder and their file name: folders are few (one per class, say) and
 stored once; the names are one UTF-8 byte buffer with an ``int64`` offset per entry, and
 each entry keeps an ``int32`` folder number. An entry costs ``len(name) + 12`` bytes.

@@ -316,8 +316,10 @@ def soak(
                     seen.extend(idx)
                     del images, labels, rows  # the slab goes back to the pool now
                     if kill and k + 1 == args.kill_after:
-                        assert loader._runtime is not None and loader._runtime.pool is not None
-                        pids = sorted(loader._runtime.pool.pids())
+                        # In-process (loader_process=False): the runtime's parts are this process's.
+                        pool = loader._runtime.parts.pool if loader._runtime is not None else None
+                        assert pool is not None
+                        pids = sorted(pool.pids())
                         victim = pids[(epoch // args.kill_every) % len(pids)]
                         os.kill(victim, signal.SIGKILL)
                         res.kills.append((epoch + 1, victim))
@@ -356,7 +358,7 @@ def soak(
                 if problems:
                     bad_epochs.append(f"epoch {epoch + 1}{' (kill)' if kill else ''}: " + "; ".join(problems))
             final = loader.stats
-            slabs = loader._runtime.slabs if loader._runtime is not None else None
+            slabs = loader._runtime.parts.slabs if loader._runtime is not None else None
             slab_note = (
                 f"{slabs.created} slabs created, {slabs.live} live at the end" if slabs else "no slabs"
             )

@@ -682,8 +682,8 @@ class RuntimeWatch:
 
     def __init__(self) -> None:
         #: ``(asked for a loader process, the runtime's class name)`` per runtime started;
-        #: asked: ``config.loader_process``, True for ``"auto"`` unless its callables could
-        #: not be sent (then it loads in-process as asked).
+        #: asked: ``config.start_in == "process"``, so for ``"auto"`` unless its callables
+        #: could not be sent (then it loads in-process as asked).
         self.started: list[tuple[bool, str]] = []
         self.warnings: list[str] = []
         self.process: bool | None = None
@@ -711,7 +711,7 @@ class RuntimeWatch:
 
         def watched(config: Any, *args: Any, **kwargs: Any) -> Any:
             runtime = original(config, *args, **kwargs)
-            self.started.append((bool(config.loader_process), type(runtime).__name__))
+            self.started.append((config.start_in == "process", type(runtime).__name__))
             return runtime
 
         monkeypatch.setattr(aioloader.run.start, "start_runtime", watched)

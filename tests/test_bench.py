@@ -83,7 +83,7 @@ def test_bench_json_on_stdout_progress_on_stderr_and_a_trace(image_folder: Path,
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["ph"] == "X"} == {"read", "decode", "collate", "transfer"}
     # The stages are traced where they run: with --trace, "auto" loads in this process.
-    assert result["settings"]["loader_process_asked"] == "auto" and result["settings"]["runtime"] == "thread"
+    assert result["settings"]["loader_process"] == "auto" and result["settings"]["runtime"] == "thread"
 
 
 def test_bench_decode_on_ray_reports_the_clusters_figures(image_folder: Path) -> None:
@@ -194,7 +194,7 @@ def test_bench_tune_sweeps_both_settings_and_reports_what_auto_chose(
     # the main run was on "auto" too: the settings say what it asked for and where it ended
     assert result["settings"]["io_concurrency_asked"] == "auto"
     assert isinstance(result["settings"]["io_concurrency"], int)
-    assert result["settings"]["loader_process_asked"] == "auto" and result["settings"]["runtime"] == "process"
+    assert result["settings"]["loader_process"] == "auto" and result["settings"]["runtime"] == "process"
     assert main([*argv, "--tune", "--tune-seconds", "0.2"]) == 0
     out = capsys.readouterr().out
     assert "best fixed: io_concurrency=" in out and "auto chose io_concurrency=" in out

@@ -148,7 +148,12 @@ def test_decode_on_refuses_what_cannot_go_with_it(kw: dict[str, object], says: s
 def test_decode_on_ray_settings() -> None:
     pytest.importorskip("ray")
     cfg = _config(decode_on="ray")
-    assert (cfg.decode_on, cfg.cluster_tasks, cfg.loader_process) == ("ray", None, False)
+    assert (cfg.decode_on, cfg.cluster_tasks, cfg.loader_process, cfg.start_in) == (
+        "ray",
+        None,
+        "auto",
+        "thread",
+    )
     assert _config(decode_on="ray", num_workers=6).cluster_tasks == 6
     assert _config().decode_on == "local" and _config().cluster_tasks is None
 

@@ -239,8 +239,7 @@ def test_loader_defaults() -> None:
     assert cfg.num_workers == usable_cpus()
     assert isinstance(cfg.decode, ImageDecoder)
     assert cfg.decode.output_shape == (3, 224, 224)
-    assert cfg.loader_process is True and cfg.process_auto is True  # "auto"
-    assert cfg.loader_process_asked == "auto" and ld.runtime is None
+    assert cfg.loader_process == "auto" and cfg.start_in == "process" and ld.runtime is None
     ld.close()
 
 
@@ -314,16 +313,17 @@ def test_auto_settings() -> None:
 
 def test_loader_process_auto_true_or_false() -> None:
     """``"auto"`` (the default) and True start in a loader process, False in-process; only
-    ``"auto"`` may fall back silently. Where obstore may read follows (storage_backend)."""
+    ``"auto"`` may fall back silently. ``loader_process`` stays as given; ``start_in`` is
+    the choice settled. Where obstore may read follows (storage_backend)."""
     settled = {
-        value: (c.loader_process, c.process_auto, c.loader_process_asked, c.storage_backend)
+        value: (c.loader_process, c.start_in, c.storage_backend)
         for value in ("auto", True, False)
         for c in [create(loader_process=value)]
     }
     assert settled == {
-        "auto": (True, True, "auto", "auto"),
-        True: (True, False, True, "auto"),
-        False: (False, False, False, "fsspec"),
+        "auto": ("auto", "process", "auto"),
+        True: (True, "process", "auto"),
+        False: (False, "thread", "fsspec"),
     }
     assert create(loader_process="auto", storage_backend="obstore").storage_backend == "obstore"
     with pytest.raises(ValueError, match=r"^storage_backend='obstore' needs a loader process"):
@@ -343,10 +343,29 @@ def test_auto_with_a_callable_that_cannot_be_sent_settles_in_process() -> None:
     for name in ("read", "collate"):
         refused = rf"^{name}=<function .*read.*> cannot be sent to the loader process"
         cfg = create(**{name: read})
-        assert (cfg.loader_process, cfg.process_auto, cfg.loader_process_asked) == (False, True, "auto")
+        assert (cfg.loader_process, cfg.start_in) == ("auto", "thread")
         assert cfg.storage_backend == "fsspec" and name not in cfg.sent
         with pytest.raises(ValueError, match=refused):
             create(**{name: read, "loader_process": True})
         with pytest.raises(ValueError, match=refused):
             create(**{name: read, "storage_backend": "obstore"})
     assert create(read=len, collate=list).sent.keys() == {"read", "collate"}
+
+
+def test_a_config_pickled_with_the_old_names_loads_with_one_name_per_setting() -> None:
+    """Before ``start_in``, ``loader_process`` held the settled choice (a bool) and
+    ``process_auto`` whether ``"auto"`` was given: a config pickled then loads with
+    ``loader_process`` as given and ``start_in`` as settled (``tests/data/before_wings.pkl``,
+    older still, has no ``process_auto``: test_layout.py)."""
+    for given, settled, auto in (
+        ("auto", "process", True),
+        ("auto", "thread", True),
+        (True, "process", False),
+    ):
+        state = create().__getstate__()
+        del state["start_in"]
+        state.update(loader_process=settled == "process", process_auto=auto)
+        old = LoaderConfig.__new__(LoaderConfig)
+        old.__setstate__(state)
+        assert (old.loader_process, old.start_in) == (given, settled)
+        assert "process_auto" not in vars(old)

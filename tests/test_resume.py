@@ -4,15 +4,17 @@ test_resume_frontends.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 from helpers import make_config
 
 from aioloader.config import LoaderConfig, resolve_rank
-from aioloader.plan.resume import Progress, ResumePoint, check_state, make_state, plan_for
-from aioloader.plan.sampler import plan_epoch, plan_remainder
+from aioloader.plan.resume import Progress, ResumePoint, check_state, make_state, plan_for, plan_len
+from aioloader.plan.sampler import epoch_order, num_batches, plan_epoch, plan_remainder, shard
 
 
 def config(**kw: object) -> LoaderConfig:
@@ -100,6 +102,69 @@ def test_plan_for_resumes_only_the_states_epoch() -> None:
     resumed = plan_for(cfg, 37, 1, point)
     assert resumed.pending() == [3, 4, 6, 7, 8, 9]
     assert plan_for(cfg, 37, 2, point).pending() == list(range(10))
+
+
+def _remainder_by_sets(
+    n: int, bs: int, shuffle: bool, drop_last: bool, pad: bool, old_ws: int, consumed: int, rank: int, ws: int
+) -> list[int]:
+    """The re-sharded remainder as ``plan_remainder`` first made it (commit 115aeaf): every old
+    rank's plan made, the samples they delivered and planned gathered as sets, the rest of the
+    order filtered."""
+    common = {"batch_size": bs, "shuffle": shuffle, "seed": 5, "epoch": 3, "drop_last": drop_last}
+    olds = [plan_epoch(n, rank=r, world_size=old_ws, pad=pad, **common).indices for r in range(old_ws)]  # type: ignore[arg-type]
+    delivered = {i for old in olds for i in old[: consumed * bs].tolist()}
+    planned = np.unique(np.concatenate(olds)) if olds else np.zeros(0, np.int64)
+    order = epoch_order(n, shuffle=shuffle, seed=5, epoch=3)
+    order = order[np.isin(order, planned)]
+    rest = order[~np.isin(order, list(delivered))] if delivered else order
+    if len(rest) == 0:
+        return []
+    indices = shard(rest, rank, ws, pad=pad)
+    keep = num_batches(len(indices), bs, drop_last) * bs
+    return [int(i) for i in indices[:keep]]
+
+
+@pytest.mark.parametrize(("n", "bs"), [(1, 1), (2, 3), (7, 2), (41, 3), (64, 8)])
+def test_the_remainder_is_a_slice_of_one_order_as_sets_of_every_old_rank_gave(n: int, bs: int) -> None:
+    """``plan_remainder`` makes the epoch's order once and slices it (``remainder_span``): the
+    same samples, in the same order, as gathering what every old rank planned and delivered."""
+    for shuffle, drop_last, pad, old_ws, ws in itertools.product(
+        (True, False), (False, True), (True, False), (1, 2, 3, 5), (1, 2, 3)
+    ):
+        common = {
+            "batch_size": bs,
+            "shuffle": shuffle,
+            "seed": 5,
+            "epoch": 3,
+            "drop_last": drop_last,
+            "pad": pad,
+        }
+        whole = len(plan_epoch(n, world_size=old_ws, **common))  # type: ignore[arg-type]
+        for consumed, rank in itertools.product(range(whole + 2), range(ws)):
+            got = plan_remainder(
+                n, old_world_size=old_ws, consumed_batches=consumed, rank=rank, world_size=ws, **common
+            )  # type: ignore[arg-type]
+            want = _remainder_by_sets(n, bs, shuffle, drop_last, pad, old_ws, consumed, rank, ws)
+            assert got.indices.tolist() == want, (shuffle, drop_last, pad, old_ws, consumed, rank, ws)
+
+
+@pytest.mark.parametrize("n", [1, 5, 37, 40])
+def test_plan_len_is_the_plans_length_without_making_an_order(n: int) -> None:
+    """The trainer counts an epoch's batches with ``plan_len``: the length of the plan the
+    runtime makes, for a whole epoch, a resumed one, and a re-sharded remainder."""
+    for bs, drop_last, pad, ws, old_ws in itertools.product(
+        (1, 4, 7), (False, True), (True, False), (1, 2, 3), (1, 2, 4)
+    ):
+        cfg = config(batch_size=bs, drop_last=drop_last, pad_shards=pad, world_size=ws, rank=ws - 1)
+        points: list[ResumePoint | None] = [None, ResumePoint(epoch=2, start=1, done=frozenset({3}))]
+        points += [ResumePoint(epoch=2, base=(old_ws, consumed)) for consumed in range(n // bs + 2)]
+        for point in points:
+            for epoch in (1, 2):
+                assert plan_len(cfg, n, epoch, point) == len(plan_for(cfg, n, epoch, point)), (
+                    bs,
+                    point,
+                    epoch,
+                )
 
 
 @pytest.mark.parametrize("old_ws", [1, 2, 3, 4])
@@ -202,13 +267,13 @@ def test_epochs_count_up_unless_set() -> None:
     epochs = Epochs(config(), 20)  # 5 batches of 4
     seen = []
     for _ in range(3):
-        plan, point, progress = epochs.begin()
-        seen.append((epochs.epoch, progress.epoch, len(plan), point))
+        progress, point = epochs.begin()
+        seen.append((epochs.epoch, progress.epoch, progress.total, point))
     assert seen == [(0, 0, 5, None), (1, 1, 5, None), (2, 2, 5, None)]
     epochs.set(7)
     epochs.set(5)  # the last word counts
-    assert epochs.epoch == 5 and epochs.begin()[2].epoch == 5
-    assert epochs.begin()[2].epoch == 6
+    assert epochs.epoch == 5 and epochs.begin()[0].epoch == 5
+    assert epochs.begin()[0].epoch == 6
     for bad in (-1, 1.0, True, "2"):
         with pytest.raises(ValueError, match=f"epoch={bad!r} must be a non-negative integer"):
             epochs.set(bad)  # type: ignore[arg-type]
@@ -221,7 +286,7 @@ def test_epochs_progress_for_a_state_dict() -> None:
     epochs = Epochs(config(), 20)
     before = epochs.progress(5)
     assert (before.epoch, before.total, before.next) == (0, 5, 0)
-    _, _, running = epochs.begin()
+    running, _ = epochs.begin()
     running.mark(0, 4)
     assert epochs.progress(5) is running  # mid-epoch: the iteration's own progress
     epochs.set(3)  # chosen for the next iteration: a state taken now starts epoch 3 afresh
@@ -237,13 +302,11 @@ def test_epochs_resume_once_then_start_afresh() -> None:
     point = ResumePoint(epoch=4, start=2, done=frozenset({3}), samples=12)
     epochs.resume(point)
     assert epochs.epoch == 4 and epochs.progress(5).next == 2  # a state dict right away agrees
-    plan, got, progress = epochs.begin()
-    same = plan_for(cfg, 20, 4, point)
-    assert got == point and (plan.epoch, plan.start, plan.done) == (4, 2, frozenset({3}))
-    assert plan.indices.tolist() == same.indices.tolist()
+    progress, got = epochs.begin()
+    assert got == point and (progress.epoch, progress.total) == (4, len(plan_for(cfg, 20, 4, point)))
     assert (progress.epoch, progress.next, progress.after) == (4, 2, {3})
-    plan, got, progress = epochs.begin()
-    assert got is None and progress.epoch == 5 and len(plan) == 5
+    progress, got = epochs.begin()
+    assert got is None and progress.epoch == 5 and progress.total == 5
     epochs.resume(point)
     epochs.set(9)  # another epoch chosen: the point waits for epoch 4, never applies to 9
     assert epochs.begin()[1] is None

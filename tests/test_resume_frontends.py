@@ -5,11 +5,12 @@ for``/``async with``). The pure state-dict logic is in test_resume.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from frontends import Driver
-from helpers import FailOn, decode_number, flatten
+from helpers import FailOn, decode_number, finish_script, flatten, start_script
 
 from aioloader import Loader
 
@@ -181,3 +182,92 @@ def test_ranks_see_disjoint_shards_with_equal_batch_counts(
     flat = [i for s in shards for b in s for i in b]
     assert len(flat) == len(set(flat)) == (37 // world_size) * world_size
     assert len({len(s) for s in shards}) == 1
+
+
+# -- where each epoch's plan is made -----------------------------------------------------------
+
+#: A trainer that counts every epoch order made (``sampler.epoch_order``, wrapped before its
+#: first loader, so the zygote and the loader processes it forks count too): a line
+#: ``<pid> <epoch>`` each, appended to ``argv[2]`` after the trainer's ``mark <phase>`` (each
+#: phase takes a batch of each of its loaders, so their plans are made before the next mark).
+COUNTED = """
+import json, os, sys
+
+import aioloader.plan.sampler as sampler
+from aioloader import Loader
+
+paths, log = json.loads(sys.argv[1]), sys.argv[2]
+made = sampler.epoch_order
+
+
+def write(line):
+    with open(log, "a") as f:
+        f.write(line + "\\n")
+
+
+def counted(n, *, shuffle, seed, epoch):
+    write(f"{os.getpid()} {epoch}")
+    return made(n, shuffle=shuffle, seed=seed, epoch=epoch)
+
+
+sampler.epoch_order = counted
+where = {}
+for runtime in ("process", "thread"):  # a loader process first: no loader threads yet
+    kw = {"batch_size": 4, "decode": None, "num_workers": 1, "loader_process": runtime == "process"}
+    write(f"mark {runtime}/epochs")
+    with Loader(paths, **kw) as loader:
+        for epoch in range(3):  # 0, then 1 and 2 without set_epoch
+            assert sum(1 for _ in loader) == len(loader)
+        loader.set_epoch(5)
+        for k, _ in enumerate(loader):
+            if k == 1:
+                break
+        state = loader.state_dict()
+        len(loader)
+        where[runtime] = loader.runtime
+    write(f"mark {runtime}/resume")
+    with Loader(paths, **kw) as loader:
+        loader.load_state_dict(state)
+        loader.state_dict()
+        assert sum(1 for _ in loader) == len(loader) - 2  # the rest of epoch 5
+    write(f"mark {runtime}/reshard")
+    with Loader(paths, **kw, rank=0, world_size=2) as loader:
+        loader.set_epoch(7)
+        next(iter(loader))
+        state = loader.state_dict()
+    with Loader(paths, **kw, rank=1, world_size=3) as loader:
+        loader.load_state_dict(state, allow_reshard=True)
+        list(loader)
+print(json.dumps({"trainer": os.getpid(), "where": where}))
+"""
+
+
+def test_each_epochs_plan_is_made_once_where_its_batches_are(tmp_path: Path, numbered: list[str]) -> None:
+    """An epoch's order is made once, by the runtime that produces its batches: in the
+    trainer's process with ``loader_process=False``, in the loader process by default (the
+    trainer never makes one); after ``load_state_dict`` too, re-sharded or not. A
+    ``state_dict``, ``len`` and the progress of an epoch make none."""
+    log = tmp_path / "orders.log"
+    script = tmp_path / "counted.py"
+    proc = start_script(script, COUNTED, args=[str(script), json.dumps(numbered), str(log)])
+    out, err = finish_script(proc, timeout=120)
+    assert proc.returncode == 0, err
+    result = json.loads(out.splitlines()[-1])
+    assert result["where"] == {"process": "process", "thread": "thread"}
+    made: dict[str, list[tuple[int, int]]] = {}
+    for line in log.read_text().splitlines():
+        first, second = line.split()
+        if first == "mark":
+            phase = made.setdefault(second, [])
+        else:
+            phase.append((int(first), int(second)))
+    trainer = result["trainer"]
+    for runtime in ("process", "thread"):
+        epochs = made[f"{runtime}/epochs"]
+        resumed = made[f"{runtime}/resume"] + made[f"{runtime}/reshard"]
+        assert [e for _, e in epochs] == [0, 1, 2, 5] and [e for _, e in resumed] == [5, 7, 7]
+        pids = {pid for pid, _ in epochs + resumed}
+        if runtime == "thread":
+            assert pids == {trainer}
+        else:
+            assert trainer not in pids and len(pids) == 4  # one loader process per loader

@@ -9,9 +9,8 @@ one large array crosses through a segment of its own, :func:`aioloader.run.wire.
 Each batch is megabytes, allocated and freed by one thread. glibc's malloc keeps what a
 thread freed in that thread's arena (and, having freed a large mmapped block, raises its
 mmap threshold so that the next ones come from the arena too), so those few batches stay
-resident for the life of the process: 35 MiB of the trainer's process, measured with a
-loader process (benchmarks/RESULTS.md, section 20). Once the burst is over, one
-``malloc_trim(0)`` returns it.
+resident for the life of the process (RESULTS §21 measured the trainer's, with a loader
+process). Once the burst is over, one ``malloc_trim(0)`` returns it.
 
 :class:`BurstTrim` is the decision (pure); :func:`trim` the call, a no-op where the C
 library has no ``malloc_trim`` (musl, macOS).

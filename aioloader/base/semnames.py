@@ -48,8 +48,8 @@ def named_for_this_process() -> Iterator[None]:
 def import_loky_cpu_count() -> Callable[[], int]:
     """loky's ``cpu_count``, imported with multiprocessing's semaphore names left as they were.
 
-    Imported on first use: loky takes 13-33 ms to import, which ``import aioloader`` and the
-    worker processes need not pay."""
+    Imported on first use: loky's import is slow (RESULTS, "Figures moved out of the code"),
+    and ``import aioloader`` and the worker processes need not pay for it."""
     from multiprocessing import synchronize
 
     with _lock:

@@ -280,9 +280,9 @@ def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResul
             "io_concurrency": stats.io_concurrency,
             "num_workers_asked": "default" if args.workers is None else args.workers,
             "io_concurrency_asked": args.io_concurrency,
-            # Where the pipeline ran ("process" or "thread"), and what was asked for.
+            # Where the pipeline ran ("process" or "thread"), and the setting as given.
             "runtime": loader.runtime,
-            "loader_process_asked": args.loader_process,
+            "loader_process": args.loader_process,
             "decode_on": "local" if cluster is None else "ray",
             "seconds": args.seconds,
         },

@@ -9,8 +9,8 @@ unless one is passed in: a test advances a fake one by hand):
 - the time integral of the items in it, so ``mean_in_flight = area / elapsed``;
 - the last :data:`KEPT` per-item latencies, for p50 and p99.
 
-Each call costs two clock reads and a lock held for a few additions (~1 µs), once per read,
-decode chunk, batch and copy: far below 1% of a sample's cost. :class:`StageStats` is the
+Each call costs two clock reads and a lock held for a few additions, once per read, decode
+chunk, batch and copy: a small share of a sample's cost (RESULTS §14a). :class:`StageStats` is the
 immutable snapshot; :func:`utilization` says how close a stage runs to its capacity.
 """
 

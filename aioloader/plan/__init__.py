@@ -3,8 +3,8 @@ no processes (an import-linter contract keeps it so); tested without a loop.
 
 | module | role |
 | --- | --- |
-| ``sampler.py`` | epoch order, rank shards, the batch plan, a re-sharded remainder |
-| ``resume.py`` | ``state_dict`` contents, their checks, the plan a resumed (or re-sharded) epoch runs |
+| ``sampler.py`` | epoch order, rank shards, the batch plan, a re-sharded remainder (one order sliced) |
+| ``resume.py`` | ``state_dict`` contents, their checks, an epoch's plan (made once, by its runtime) |
 | ``epochs.py`` | which epoch the next iteration runs: ``set_epoch``, automatic epochs, a loaded state |
 | ``repack.py`` | full batches despite skipped samples (``drop_last`` with ``on_error="skip"``) |
 """

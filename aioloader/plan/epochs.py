@@ -1,6 +1,10 @@
 """Which epoch a loader's next iteration runs, and where in it: the bookkeeping behind
 ``set_epoch``, ``state_dict`` and ``load_state_dict``. Pure: no I/O, no event loop.
 
+It never makes an epoch's order: the trainer needs only how many batches an epoch has
+(:func:`~aioloader.plan.resume.plan_len`); the plan is made once, by the runtime that
+produces the batches.
+
 Epochs count up by themselves: an iteration that follows another without ``set_epoch`` runs
 the next epoch. ``set_epoch(e)`` (or a loaded state) fixes the next one instead. A loaded
 state applies to its own epoch only, and only once: the iteration after it starts afresh.
@@ -10,8 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aioloader.plan.resume import Progress, ResumePoint, plan_for
-from aioloader.plan.sampler import EpochPlan
+from aioloader.plan.resume import Progress, ResumePoint, plan_len
 
 if TYPE_CHECKING:  # the plan reads a config's fields: no I/O comes with it
     from aioloader.config import LoaderConfig
@@ -40,17 +43,18 @@ class Epochs:
         self.epoch = epoch
         self._chosen = True
 
-    def begin(self) -> tuple[EpochPlan, ResumePoint | None, Progress]:
-        """Start an iteration: its batch plan, the resume point it starts from (None for a
-        whole epoch), and the progress the trainer's receipts are counted in."""
+    def begin(self) -> tuple[Progress, ResumePoint | None]:
+        """Start an iteration: the progress the trainer's receipts are counted in (its
+        ``epoch``, its ``total`` of batches), and the resume point the epoch starts from (None
+        for a whole epoch). No plan is made here: the runtime makes it from the two
+        (:func:`~aioloader.plan.resume.plan_for`), where the batches are produced."""
         if not self._chosen:
             self.epoch += 1
         self._chosen = False
-        plan = plan_for(self._config, self._len, self.epoch, self._resume)
         point = self._resume if self._resume is not None and self._resume.epoch == self.epoch else None
         self._resume = None
-        self._progress = Progress(self.epoch, len(plan), point)
-        return plan, point, self._progress
+        self._progress = Progress(self.epoch, plan_len(self._config, self._len, self.epoch, point), point)
+        return self._progress, point
 
     def progress(self, batches_per_epoch: int) -> Progress:
         """Where a state dict taken now says the loader is: the current iteration's progress,
@@ -64,5 +68,5 @@ class Epochs:
         """The next iteration continues ``point``'s epoch where it stopped."""
         self._resume = point
         self.epoch, self._chosen = point.epoch, True
-        total = len(plan_for(self._config, self._len, point.epoch, point))
+        total = plan_len(self._config, self._len, point.epoch, point)
         self._progress = Progress(point.epoch, total, point)

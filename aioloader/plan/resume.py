@@ -28,12 +28,28 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aioloader.plan.sampler import EpochPlan, plan_epoch, plan_remainder
+from aioloader.plan.sampler import (
+    EpochPlan,
+    num_batches,
+    plan_epoch,
+    plan_remainder,
+    remainder_span,
+    shard_size,
+)
 
 if TYPE_CHECKING:  # the plan reads a config's fields: no I/O comes with it
     from aioloader.config import LoaderConfig
 
-__all__ = ["FORMAT", "VERSION", "Progress", "ResumePoint", "check_state", "make_state", "plan_for"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "Progress",
+    "ResumePoint",
+    "check_state",
+    "make_state",
+    "plan_for",
+    "plan_len",
+]
 
 FORMAT = "aioloader.state"
 VERSION = 1
@@ -153,7 +169,12 @@ def check_state(
 
 
 def plan_for(config: LoaderConfig, dataset_len: int, epoch: int, resume: ResumePoint | None) -> EpochPlan:
-    """The plan of ``epoch``: from its start, or from ``resume`` when that is this epoch's."""
+    """The plan of ``epoch``: from its start, or from ``resume`` when that is this epoch's.
+
+    It makes the epoch's order (:func:`~aioloader.plan.sampler.epoch_order`), once: only
+    the runtime that produces the epoch's batches calls it, when the run starts (in the
+    trainer's process, or in the loader process from ``(epoch, resume)``). Whoever needs
+    only the plan's length asks :func:`plan_len`."""
     common: dict[str, Any] = {
         "batch_size": config.batch_size,
         "shuffle": config.shuffle,
@@ -173,3 +194,22 @@ def plan_for(config: LoaderConfig, dataset_len: int, epoch: int, resume: ResumeP
             dataset_len, old_world_size=resume.base[0], consumed_batches=resume.base[1], **common
         )
     return dataclasses.replace(plan, start=min(resume.start, len(plan)), done=resume.done)
+
+
+def plan_len(config: LoaderConfig, dataset_len: int, epoch: int, resume: ResumePoint | None) -> int:
+    """``len(plan_for(config, dataset_len, epoch, resume))``, from the sizes alone: no order
+    is made (the trainer counts its progress in it; the plan itself is made where the
+    batches are)."""
+    n = dataset_len
+    if resume is not None and resume.epoch == epoch and resume.base is not None:
+        start, stop = remainder_span(
+            dataset_len,
+            batch_size=config.batch_size,
+            drop_last=config.drop_last,
+            old_world_size=resume.base[0],
+            consumed_batches=resume.base[1],
+            pad=config.pad_shards,
+        )
+        n = stop - start
+    per_rank = shard_size(n, config.world_size, config.pad_shards)
+    return num_batches(per_rank, config.batch_size, config.drop_last)

@@ -18,6 +18,8 @@ __all__ = [
     "num_batches",
     "plan_epoch",
     "plan_remainder",
+    "rank_share",
+    "remainder_span",
     "shard",
     "shard_size",
 ]
@@ -116,6 +118,31 @@ def plan_epoch(
     return EpochPlan(epoch=epoch, indices=indices[:keep], batch_size=batch_size, start=start, done=done)
 
 
+def rank_share(n: int, *, batch_size: int, drop_last: bool, world_size: int, pad: bool = True) -> int:
+    """Samples each rank delivers in a whole epoch of ``n``: its shard (:func:`shard_size`),
+    less the partial batch ``drop_last`` leaves out."""
+    per_rank = shard_size(n, world_size, pad)
+    return min(per_rank, num_batches(per_rank, batch_size, drop_last) * batch_size)
+
+
+def remainder_span(
+    n: int, *, batch_size: int, drop_last: bool, old_world_size: int, consumed_batches: int, pad: bool = True
+) -> tuple[int, int]:
+    """``(start, stop)``: where the rest of an epoch interrupted on ``old_world_size`` ranks
+    lies in the epoch's order (:func:`plan_remainder`), without making that order.
+
+    Rank ``r`` takes every ``old_world_size``-th sample of the (padded) order from ``r``, so
+    the first ``k`` samples of every old rank are, together, the order's first
+    ``k * old_world_size``; padding repeats the order's start, which is in that prefix
+    already. What the old epoch planned is the prefix of each rank's :func:`rank_share`, what
+    the old ranks delivered the prefix of ``consumed_batches`` batches each, and the rest is
+    the part of the order between the two, each sample once."""
+    kept = rank_share(n, batch_size=batch_size, drop_last=drop_last, world_size=old_world_size, pad=pad)
+    stop = min(n, kept * old_world_size)
+    start = min(stop, min(consumed_batches * batch_size, kept) * old_world_size)
+    return start, stop
+
+
 def plan_remainder(
     n: int,
     *,
@@ -136,34 +163,19 @@ def plan_remainder(
     Ranks run in lockstep (a collective op per step), so when one rank had consumed
     ``consumed_batches`` batches, every old rank had consumed its first
     ``consumed_batches`` batches. The samples none of them delivered, in epoch order and
-    each once, are sharded again over the new ranks; the new shards are made equal like
-    any epoch's (``pad`` repeats a few of them), so each new rank gets the same number of
-    batches.
+    each once (:func:`remainder_span`: a slice of the epoch's order, made once here), are
+    sharded again over the new ranks; the new shards are made equal like any epoch's
+    (``pad`` repeats a few of them), so each new rank gets the same number of batches.
     """
-
-    def old_rank(r: int) -> IndexArray:
-        return plan_epoch(
-            n,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            epoch=epoch,
-            drop_last=drop_last,
-            rank=r,
-            world_size=old_world_size,
-            pad=pad,
-        ).indices
-
-    olds = [old_rank(r) for r in range(old_world_size)]
-    delivered = {i for old in olds for i in old[: consumed_batches * batch_size].tolist()}
-    # What the old epoch would have delivered at all: its padded or dropped tail, and each old
-    # rank's dropped partial batch (drop_last), were never part of it.
-    planned = np.unique(np.concatenate(olds)) if olds else np.zeros(0, np.int64)
-    order = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)
-    order = order[np.isin(order, planned)]
-    rest = order[~np.isin(order, list(delivered))] if delivered else order
-    if len(rest) == 0:
-        return EpochPlan(epoch=epoch, indices=rest, batch_size=batch_size)
+    start, stop = remainder_span(
+        n,
+        batch_size=batch_size,
+        drop_last=drop_last,
+        old_world_size=old_world_size,
+        consumed_batches=consumed_batches,
+        pad=pad,
+    )
+    rest = epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch)[start:stop]
     indices = shard(rest, rank, world_size, pad=pad)
     keep = num_batches(len(indices), batch_size, drop_last) * batch_size
     return EpochPlan(epoch=epoch, indices=indices[:keep], batch_size=batch_size)

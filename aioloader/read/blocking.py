@@ -51,10 +51,11 @@ HINT_MAX = 64 * 1024
 def read_file(path: str, hint: int = 0) -> bytes:
     """Read a whole file: open, fstat, one read of its size and a byte more, close.
 
-    Four system calls and no file object: a page-cached file of a few KB reads about twice
-    as fast as through ``open(...).readall()``, which adds a file object, an lseek, a second
-    fstat and a last read to see the end. The byte more sees the end in the same read; a
-    file that grew while read is read on to its end, one that shrank gives what is there.
+    Four system calls and no file object: a page-cached file of a few KB reads faster than
+    through ``open(...).readall()``, which adds a file object, an lseek, a second fstat and a
+    last read to see the end (RESULTS, "Figures moved out of the code"). The byte more sees
+    the end in the same read; a file that grew while read is read on to its end, one that
+    shrank gives what is there.
 
     ``hint``: the size the file probably has (the largest of its neighbours': see
     :class:`HintedRead`). Up to :data:`HINT_MAX`, the read asks for that and a byte more
@@ -232,15 +233,15 @@ def run_queue_seconds() -> float:
     does not say (not Linux, or no ``CONFIG_SCHED_INFO``).
 
     A read that took long on the clock may have waited for a CPU, not for storage: on a
-    machine whose cores the decode workers keep busy, one read in ten groups outlasted the
-    slow mark (1-5 ms) of which all but 0.1-0.3 ms was spent waiting to run. Such a read
-    says nothing about the storage, and counting it as slow sent the rest of its chunk one
-    read per hop."""
+    machine whose cores the decode workers keep busy, reads in groups outlasted the slow mark
+    while nearly all of their time went to waiting to run (RESULTS §24). Such a read says
+    nothing about the storage, and counting it as slow sent the rest of its chunk one read
+    per hop."""
     global _schedstat
     if not _schedstat:
         return 0.0
     try:
-        fd = os.open(_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)  # 5 us; per thread, so not kept
+        fd = os.open(_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)  # cheap; per thread, so not kept
         try:
             return int(os.read(fd, 128).split()[1]) / 1e9
         finally:
@@ -258,8 +259,8 @@ class ReadPace:
     A read is *slow* past ``slow`` seconds (1 ms: far above a page-cache hit, far below a
     network round trip); in a group, not counting the time its thread waited for a CPU
     (:func:`run_queue_seconds`). Reads one per hop are timed on the clock alone: there
-    thousands of threads may read at once, and asking each one's run-queue time cost a
-    third of the throughput behind slow storage (measured). Reads are grouped while the
+    thousands of threads may read at once, and asking each one's run-queue time cost
+    throughput behind slow storage (RESULTS §24, tried and reverted). Reads are grouped while the
     recent slow share is small; a group stops at its first slow read, and at ``budget``
     seconds in all, so a group never holds back the files after it for long.
     """

@@ -73,7 +73,7 @@ def read_workers(
     reads, no ``sample_timeout``), else 0: ``num_workers``, but no more than the ``cpus``
     (usable CPUs) less the one the loop and the trainer take, at most
     :data:`MAX_READ_WORKERS`. On 2 CPUs, one: a second would take turns on the same cores
-    with the loop and the trainer (measured slower, in a loader process by a quarter)."""
+    with the loop and the trainer (slower, RESULTS §20d)."""
     if decoding or not own_read or timeout is not None:
         return 0
     return max(0, min(num_workers, cpus - 1, MAX_READ_WORKERS))

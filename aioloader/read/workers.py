@@ -12,7 +12,7 @@ A worker is sent up to :data:`~aioloader.read.readproc.PARTS` groups at once, ea
 part of its buffer of its own, and answers them in order: while the loop copies one group
 out and sends the next, the worker is already reading the one after. One group at a time
 left the worker idle for a round trip after each (the answer's wake-up on the loop, the
-copies, the next send), a third of its time on two cores.
+copies, the next send; RESULTS §24).
 
 A worker (:mod:`aioloader.read.readproc`) reads as a group on the loop would, with its
 pace: it stops at a slow read or past the group's budget, and the reader goes on with what is

@@ -77,7 +77,7 @@ def main(
     if torch is not None:
         # One intra-op thread, as DataLoader's workers and ours have: the trainer's OpenMP
         # pool did not survive the fork, and a parallel torch op here (a collate's, or a
-        # large copy) would wait for its threads forever (seen on 16 cores, benchmarks/RESULTS.md).
+        # large copy) would wait for its threads forever (seen on 16 cores, RESULTS §21).
         torch.set_num_threads(1)
     # The trainer owns shutdown: a Ctrl-C reaches the whole process group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -266,6 +266,7 @@ class Host:
             self.counters.restore_failures(*restore)
         self.run_id = run_id
         self.credits = asyncio.Semaphore(self.config.prefetch)
+        # The one place a loader process's epoch plan is made: the trainer sent (epoch, resume).
         plan = plan_for(self.config, len(self.dataset), epoch, resume)
         self.task = asyncio.get_running_loop().create_task(self._run(run_id, plan, self.credits))
 

@@ -167,8 +167,8 @@ def build(
         max_io=max_io,
         # Fast groups may read on the loop unless Ray tasks wait on it: a local decode pool
         # holds a chunk queued for each worker, so a group (4 ms at most) leaves none idle,
-        # and a read thread's GIL hand-offs with the loop cost more than the read (measured:
-        # the loader process's CPU per image 88-98 -> 67-85 us).
+        # and a read thread's GIL hand-offs with the loop cost more than the read (the loader
+        # process's CPU per image, RESULTS §24).
         loop_free=cluster is None,
         workers=workers,
     )

@@ -32,7 +32,6 @@ from aioloader.dataset import FileDataset
 from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint
-from aioloader.plan.sampler import EpochPlan
 from aioloader.procs import roles, zygote
 from aioloader.run import loaderproc, runtime, wire
 from aioloader.run.bridge import Bridge
@@ -225,7 +224,6 @@ class ProcessRuntime(runtime.RuntimeBase):
         self.counters = counters
         self._ids = 0
         self._restores = counters.restores
-        self.pool = self.slabs = None  # they live in the loader process
         conn, child = connection.Pipe(duplex=True)
         back_r, back_w = os.pipe()
         back = Connection(back_r, writable=False)
@@ -284,8 +282,10 @@ class ProcessRuntime(runtime.RuntimeBase):
                     f"the loader process did not start (exit code {self.proc.exitcode}); see its output above"
                 )
 
-    def start_run(self, plan: EpochPlan, resume: ResumePoint | None = None) -> PipeRun:
-        """Cancel the current run, if any, and start producing ``plan`` (does not block)."""
+    def start_run(self, epoch: int, resume: ResumePoint | None = None) -> PipeRun:
+        """Cancel the current run, if any, and have the loader process produce ``epoch`` from
+        ``resume`` (its start when None; does not block). The loader process makes the
+        epoch's plan from the two: this process never makes it."""
         with self._lock:
             if self.run is not None:
                 self.run.cancel()
@@ -296,7 +296,7 @@ class ProcessRuntime(runtime.RuntimeBase):
                 failures, attempted = self.counters.failure_counts_by_reason()
                 restore = (failures, attempted)
             run = PipeRun(self.channel, self._ids, self.proc)
-            self.channel.control(("run", run.id, plan.epoch, resume, restore))
+            self.channel.control(("run", run.id, epoch, resume, restore))
             self.bridge.serve(run)
             self.run = run
             return run

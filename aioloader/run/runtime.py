@@ -23,8 +23,7 @@ from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
-from aioloader.plan.resume import ResumePoint
-from aioloader.plan.sampler import EpochPlan
+from aioloader.plan.resume import ResumePoint, plan_for
 from aioloader.procs import roles
 from aioloader.run import pipeline
 from aioloader.run.bridge import Bridge, Run
@@ -197,7 +196,7 @@ class Runtime(RuntimeBase):
     def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
         self.parts = pipeline.build(config, dataset, counters)
         self.config = self.parts.config
-        self.pool, self.slabs = self.parts.pool, self.parts.slabs  # for benchmarks/soak.py
+        self.dataset_len = len(dataset)
         self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
         self.copier = DeviceCopier(config.device, config.pin_memory)
@@ -207,9 +206,11 @@ class Runtime(RuntimeBase):
     def _threads(self) -> tuple[threading.Thread, ...]:
         return (self.loop_thread.thread, self.bridge.thread)
 
-    def start_run(self, plan: EpochPlan, resume: ResumePoint | None = None) -> Run:
-        """Cancel the current run, if any, and start producing ``plan`` (does not block;
-        ``resume``, the point ``plan`` was made from, matters only to a loader process)."""
+    def start_run(self, epoch: int, resume: ResumePoint | None = None) -> Run:
+        """Cancel the current run, if any, and start producing ``epoch`` from ``resume`` (its
+        start when None; does not block). The epoch's plan is made here, once: this process
+        produces its batches."""
+        plan = plan_for(self.config, self.dataset_len, epoch, resume)
         with self._lock:
             if self.run is not None:
                 self.run.cancel()

@@ -3,11 +3,12 @@ for reuse once the trainer lets go of them.
 
 A new segment costs a page fault per 4 KiB page the first time it is written, in this
 process, and again the first time the trainer reads it through a new mapping: for a batch of
-256 images of 224x224 (38 MiB), about 10 ms each side, on every batch. A segment that comes
-back is kept (up to ``keep`` of them) under its name, so the next batch of about the same size
-writes pages that already exist, and the trainer, whose mappings are cached by name
-(:class:`~aioloader.run.wire.SlabMaps`), maps nothing new. A segment is reused only once the
-trainer has said it no longer views it (its ``R`` line), never while a batch shows it.
+256 images of 224x224 (38 MiB), some ten thousand faults each side, on every batch (RESULTS,
+"Figures moved out of the code"). A segment that comes back is kept (up to ``keep`` of them)
+under its name, so the next batch of about the same size writes pages that already exist,
+and the trainer, whose mappings are cached by name (:class:`~aioloader.run.wire.SlabMaps`),
+maps nothing new. A segment is reused only once the trainer has said it no longer views it
+(its ``R`` line), never while a batch shows it.
 
 Without a custom collate, only the first batches spill (their samples came back pickled,
 before the slabs' layout was learned); once ``keep`` batches in a row crossed without a spill,

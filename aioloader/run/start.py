@@ -1,8 +1,8 @@
 """Which runtime a loader starts: the loop, the decode pool and collate in a loader process
-(:class:`~aioloader.run.procruntime.ProcessRuntime`) when ``config.loader_process`` says so
-(``loader_process="auto"``, the default, or True) and a zygote can be made here, else in the
-trainer's process (:class:`~aioloader.run.runtime.Runtime`). Falling back is silent under
-``"auto"`` (a DEBUG line); ``loader_process=True`` warns, saying why."""
+(:class:`~aioloader.run.procruntime.ProcessRuntime`) when ``config.start_in`` is ``"process"``
+(settled from ``loader_process="auto"``, the default, or True) and a zygote can be made here,
+else in the trainer's process (:class:`~aioloader.run.runtime.Runtime`). Falling back is
+silent under ``"auto"`` (a DEBUG line); ``loader_process=True`` warns, saying why."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ NO_ZYGOTE = (
 
 def start_runtime(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Runtime | ProcessRuntime:
     """The started runtime ``config`` asks for (see the module docstring)."""
-    if config.loader_process:
+    if config.start_in == "process":
         try:
             return ProcessRuntime(config, dataset, counters)
         except NoZygote:
-            if config.process_auto:
+            if config.loader_process == "auto":
                 logger.debug("loader_process='auto': %s", NO_ZYGOTE)
             else:
                 logger.warning("loader_process=True: %s", NO_ZYGOTE)

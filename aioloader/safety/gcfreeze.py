@@ -1,10 +1,10 @@
 """The cyclic garbage collector while a loader is open: what existed at start is frozen.
 
 After ``import torch`` a process holds hundreds of thousands of objects tracked by the
-cyclic garbage collector. A full collection walks all of them, with the GIL held: tens of
-milliseconds during which no other thread runs, neither the trainer's nor the caller's
-event loop (``examples/async_train.py`` saw one 64 ms stall, triggered by the loader's
-first burst of allocations). So, as a prefork server does, the first loader to start calls
+cyclic garbage collector. A full collection walks all of them, with the GIL held: a stall
+during which no other thread runs, neither the trainer's nor the caller's event loop
+(``examples/async_train.py`` saw one, triggered by the loader's first burst of allocations:
+RESULTS §9g). So, as a prefork server does, the first loader to start calls
 :func:`gc.freeze`: the objects alive then (the imported modules, the model) move to the
 permanent generation, later collections walk only what was made since, and the zygote and
 workers forked from this process share those pages instead of copying them as the
