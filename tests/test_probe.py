@@ -216,7 +216,7 @@ def _number_but_a_workers_first(data: bytes) -> np.ndarray:
 def _count_pickled(loader: Loader) -> dict[int, int]:
     """Wrap the in-process engine's decode stage: the samples that come back pickled, by
     batch number (summed over epochs)."""
-    stage = loader._runtime.engine._decoder  # type: ignore[union-attr]
+    stage = loader._runtime.engine._stage  # type: ignore[union-attr]
     run = stage.run
     counts: dict[int, int] = {}
 

@@ -25,34 +25,40 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from aioloader.decode.contract import Item, Outcome
 from aioloader.decode.pool import DecodePool, describe_deaths
 from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import NotLoaded, decode_chunk
-from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
-from aioloader.memory.results import Failed, RowResult, Source
+from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError
+from aioloader.memory.results import Failed, RowResult
 from aioloader.memory.slabs import Slab
 from aioloader.memory.slots import OrderedSlots
 from aioloader.observe.stages import StageMeter
 
 __all__ = ["DecodeStage", "Outcome", "decode_error"]
 
-#: What became of one sample: its result, or the error that ends it.
-Outcome = RowResult | SampleError
-
 
 class DecodeStage:
-    """Decodes chunks on ``pool``; ``path_of(index)`` names a sample's file in errors.
+    """Decodes chunks on ``pool``, ``chunk`` samples a task; ``path_of(index)`` names a
+    sample's file in errors. A :class:`~aioloader.decode.contract.DecodeStageLike`.
 
-    ``hot``: the decoder is trusted code (the built-in ``ImageDecoder``) that may run on
-    ``local`` (a thread of this process) until every worker has started. ``on_restart`` is
-    told the pool's restart count after each rebuild.
+    ``hot``: the decoder is trusted code that declares ``hot_start``
+    (:func:`~aioloader.decode.contract.declares_hot_start`, the built-in ``ImageDecoder``)
+    and may run on ``local`` (a thread of this process) until every worker has started.
+    ``on_restart`` is told the pool's restart count after each rebuild.
     """
+
+    #: The reader's reads feed the workers: no samples in flight of the stage's own.
+    samples_in_flight = 0
+    #: URLs are read by the reader, on the loader's loop.
+    reads_urls = False
 
     def __init__(
         self,
         decode: Callable[[bytes], Any],
         pool: DecodePool,
         *,
+        chunk: int,
         seed: int,
         sample_timeout: float | None,
         path_of: Callable[[int], str],
@@ -67,6 +73,10 @@ class DecodeStage:
         # queue (at most one chunk) and its decode; not the wait for a slot.
         self._meter = meter if meter is not None else StageMeter("decode")
         self._pool = pool
+        self.chunk = chunk
+        # One probe per worker: the first to finish teaches the layout, a slow one holds up
+        # no worker.
+        self.probes = pool.num_workers
         self._seed = seed
         self._timeout = sample_timeout
         self._path_of = path_of
@@ -102,7 +112,7 @@ class DecodeStage:
         epoch: int,
         k: int,
         slab: Slab | None,
-        items: list[tuple[int, int, Source]],
+        items: list[Item],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
     ) -> list[Outcome]:

@@ -16,13 +16,9 @@ from typing import Any
 
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
-from aioloader.cluster.session import RaySession
-from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
-from aioloader.decode.image import ImageDecoder
-from aioloader.decode.pool import DecodePool
-from aioloader.decode.stage import DecodeStage
+from aioloader.decode.contract import DecodeStageLike
 from aioloader.engine import sizing
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.failures import FailurePolicy
@@ -46,10 +42,12 @@ class Engine:
     """Produces the batches of one epoch into a queue (see :meth:`produce`).
 
     The stages each have one small interface: ``reader.fetch`` (read one sample, or a
-    :class:`SampleError`), ``decoder.run`` (decode a chunk: a result or an error per
-    sample) and ``assembler.assemble`` (rows to a batch); ``policy`` decides what a failed
-    sample does. The engine keeps the batch window, the order of delivery, the chunking of
-    a batch over the workers, and what the slabs of the next batches look like.
+    :class:`SampleError`), ``stage.run`` (decode a chunk: a result or an error per sample;
+    any :class:`~aioloader.decode.contract.DecodeStageLike`, chosen where the loader is
+    built, or None with ``decode=None``) and ``assembler.assemble`` (rows to a batch);
+    ``policy`` decides what a failed sample does. The engine keeps the batch window, the
+    order of delivery, the chunking of a batch over the workers, and what the slabs of the
+    next batches look like.
     """
 
     def __init__(
@@ -57,12 +55,11 @@ class Engine:
         config: LoaderConfig,
         dataset: FileDataset,
         reader: FileReader,
-        pool: DecodePool | None,
+        stage: DecodeStageLike | None,
         slabs: SlabPool | None,
         collate_pool: ThreadPoolExecutor,
         counters: Counters,
         trainer_pid: int | None = None,
-        cluster: RaySession | None = None,
         inputs: SlabPool | None = None,
     ) -> None:
         self._cfg = config
@@ -72,92 +69,56 @@ class Engine:
         # Input arenas (slabs without rows): a batch's file bytes, from its reads until its
         # samples are decoded, in a pool of their own sized to the window, so the slabs
         # queued and held by the trainer do not each keep a batch of file bytes.
-        self._inputs = inputs if cluster is None else None
+        self._inputs = inputs
         self._counters = counters
         self.policy = FailurePolicy(config.on_error, config.max_failures, counters)
-        self._decoder: DecodeStage | RayDecodeStage | None = None
-        # decode_on="ray": the tasks read the dataset's URLs themselves (not a custom read,
-        # nor byte ranges of a file), and local files cross as bytes, not through a slab's arena.
-        self._cluster_reads = cluster is not None and config.read is None and not dataset.has_spans
-        self._cluster_tasks = 0
-        if cluster is not None:
-            self._decoder = RayDecodeStage(
-                cluster,
-                seed=config.seed,
-                sample_timeout=config.sample_timeout,
-                read_retries=config.read_retries,
-                storage_options=config.storage_options,
-                io_concurrency=config.io_concurrency,
-                path_of=dataset.path,
-                counters=counters,
-            )
-            self._cluster_tasks = cluster.bound
-        elif pool is not None:
-            assert config.decode is not None
-            self._decoder = DecodeStage(
-                config.decode,
-                pool,
-                seed=config.seed,
-                sample_timeout=config.sample_timeout,
-                path_of=dataset.path,
-                hot=isinstance(config.decode, ImageDecoder),
-                local=collate_pool,
-                on_restart=counters.set_worker_restarts,
-                meter=counters.meters["decode"],
-                forget=self._closed_slabs,
-            )
+        #: The decode stage (chosen where the loader is built); None with ``decode=None``.
+        self._stage = stage
         self._assembler = Assembler(
             dataset.labels, slabs, config.collate, config.zero_copy, collate_pool, counters.meters["collate"]
         )
-        self._probes = pool.num_workers if isinstance(self._decoder, DecodeStage) and pool else 0
         self._layout = LayoutTracker(declared_layout(config.decode))
         self._trim = heap.BurstTrim()
         self._sizes = SizeTracker(config.batch_size)
         self._plan_slabs()
-        # Samples per decode task: one round trip to a worker is amortised over a chunk, and
-        # a batch still spreads over every worker (two chunks each). Without decoding, a
-        # batch is one chunk: its reads are all there is to it.
-        workers = config.num_workers if pool is not None else 0
-        if cluster is not None:
-            self.chunk = cluster_chunk(config.batch_size, cluster.tasks)
-        else:
-            self.chunk = sizing.chunk_size(config.batch_size, workers)
+        # Samples per decode task: the stage's. Without decoding, a batch is one chunk: its
+        # reads are all there is to it.
+        self.chunk = stage.chunk if stage is not None else config.batch_size
         #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
-        self.tuner = (
-            Tuner(
-                config,
-                reader,
-                self._decoder,
-                counters.meters,
-                chunk=self.chunk,
-                bytes_per_sample=self._bytes_per_sample,
-                memory_budget=memory_budget(),
-                trainer_pids=trainer_pids(trainer_pid),
-                on_io=self._io_moved,
-            )
-            if config.autotuned
-            else None
+        self.tuner = self._tuner(trainer_pid) if config.autotuned else None
+
+    def _tuner(self, trainer_pid: int | None) -> Tuner:
+        return Tuner(
+            self._cfg,
+            self._reader,
+            self._stage,
+            self._counters.meters,
+            chunk=self.chunk,
+            bytes_per_sample=self._bytes_per_sample,
+            memory_budget=memory_budget(),
+            trainer_pids=trainer_pids(trainer_pid),
+            on_io=self._io_moved,
         )
+
+    @property
+    def _stage_in_flight(self) -> int:
+        """Samples the decode stage keeps in flight beyond the reader's limit (Ray tasks)."""
+        return self._stage.samples_in_flight if self._stage is not None else 0
 
     @property
     def window(self) -> int:
         """Batches under construction: enough to keep every read slot busy (the reader's
         limit now), at least two so the next batch starts while the current one finishes."""
-        io = max(self._reader.io_concurrency, self._cluster_tasks * self.chunk)
+        io = max(self._reader.io_concurrency, self._stage_in_flight)
         return sizing.window_size(io, self._cfg.batch_size)
 
     def _io_moved(self, io: int) -> None:
         """The read limit moved: so do the window and the slabs and arenas kept for it."""
-        io = max(io, self._cluster_tasks * self.chunk)
+        io = max(io, self._stage_in_flight)
         if self._slabs is not None:
             self._slabs.set_pooled(pooled_slabs(io, self._cfg.batch_size, self._cfg.prefetch))
         if self._inputs is not None:
             self._inputs.set_pooled(pooled_arenas(io, self._cfg.batch_size))
-
-    def _closed_slabs(self) -> tuple[str, ...]:
-        """Slabs and arenas closed lately, that the workers still map (see ``Chunk.forget``)."""
-        pools = (self._slabs, self._inputs)
-        return tuple(name for pool in pools if pool is not None for name in pool.recently_closed())
 
     def _bytes_per_sample(self) -> int:
         """What a sample in flight holds: its file's share of the input arena and its
@@ -250,7 +211,11 @@ class Engine:
             # While the layout is unknown, the first batch's first samples decode alone, one
             # per worker (probes), and the first to finish teaches it; the batch's other
             # chunks then decode into rows, not back pickled. A slow probe holds up no worker.
-            probes = self._probes if first and opening is not None and opening.need_layout else 0
+            probes = (
+                self._stage.probes
+                if self._stage is not None and first and opening is not None and opening.need_layout
+                else 0
+            )
             cuts = sizing.chunk_cuts(len(indices), self.chunk, probes)
             probes = min(probes, len(cuts))
             if first and opening is not None:
@@ -299,7 +264,7 @@ class Engine:
         (``probes``: the batch's first rows, each decoded alone to teach the layout; its
         other chunks wait for that, then decode into a slab of the layout learned)."""
         items: list[tuple[int, int, Any]]
-        if self._cluster_reads:  # URLs go to the Ray tasks as they are
+        if self._stage is not None and self._stage.reads_urls:  # URLs go to the Ray tasks as they are
             paths = self._ds.paths_of([indices[r] for r in rows])
             urls = [(r, indices[r], p) for r, p in zip(rows, paths, strict=True) if is_remote(p)]
             here = [r for r, p in zip(rows, paths, strict=True) if not is_remote(p)] if urls else rows
@@ -319,7 +284,7 @@ class Engine:
             opening.chunk_read()
         if not items:
             return
-        if self._decoder is None:  # decode=None: the sample is the file's bytes
+        if self._stage is None:  # decode=None: the sample is the file's bytes
             for r, _, src in items:
                 results[r] = Pickled(src)
             return
@@ -340,7 +305,7 @@ class Engine:
         slab = box[0]
         per_sample = self._layout.out_bytes_per_sample()
         share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
-        outcomes = await self._decoder.run(epoch, k, slab, items, share, inputs)
+        outcomes = await self._stage.run(epoch, k, slab, items, share, inputs)
         for (r, _, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, SampleError):
                 self.policy.failed(outcome)
@@ -359,7 +324,7 @@ class Engine:
         """The bytes of the samples in ``rows`` (into the batch's input arena when decoding
         locally); None for a sample that failed and is skipped."""
         self.policy.attempted(len(rows))
-        arena = inputs.input if inputs is not None and self._decoder is not None else None
+        arena = inputs.input if inputs is not None and self._stage is not None else None
         chosen = [indices[r] for r in rows]
         items = list(zip(chosen, self._ds.paths_of(chosen), strict=True))
         spans = [self._ds.span(index) for index in chosen] if self._ds.has_spans else None
