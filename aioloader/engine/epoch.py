@@ -22,8 +22,9 @@ from aioloader.decode.contract import DecodeStageLike
 from aioloader.engine import sizing
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.failures import FailurePolicy
+from aioloader.engine.opening import Opening
 from aioloader.engine.sizing import SizeTracker, pooled_arenas, pooled_slabs
-from aioloader.engine.tasks import Opening, cancel, gather_or_cancel
+from aioloader.engine.tasks import cancel, gather_or_cancel
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
 from aioloader.memory.layout import LayoutTracker, declared_layout
 from aioloader.memory.results import Pickled, RowResult, Source, layout_evidence
@@ -177,7 +178,7 @@ class Engine:
                 while todo and len(building) < self.window:
                     task = asyncio.ensure_future(self._batch(plan, todo.popleft(), opening, first))
                     if first:
-                        task.add_done_callback(lambda _: opening.open())
+                        task.add_done_callback(lambda _: opening.batch_done())
                         first = False
                     building.append(task)
                 if cfg.ordered:
@@ -219,8 +220,7 @@ class Engine:
             cuts = sizing.chunk_cuts(len(indices), self.chunk, probes)
             probes = min(probes, len(cuts))
             if first and opening is not None:
-                opening.chunks = len(cuts)
-                opening.probing(probes)
+                opening.cut(len(cuts), probes)
             tasks = [
                 self._chunk(plan.epoch, k, box, inputs, indices, rows[a:b], results, opening, first, probes)
                 for a, b in cuts
