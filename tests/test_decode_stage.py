@@ -86,20 +86,20 @@ def test_the_stage_is_chosen_once_where_the_loader_is_built() -> None:
     counters, dataset = Counters(), SimpleNamespace(path=str, has_spans=False)
     pool: Any = SimpleNamespace(num_workers=2)
     cluster: Any = SimpleNamespace(tasks=3, bound=6)
-    local = decode_stage(_config(), dataset, counters, pool=pool, cluster=None, local=None)  # type: ignore[arg-type]
+    local = decode_stage(_config(), dataset, counters, pool, None, None)  # type: ignore[arg-type]
     assert isinstance(local, DecodeStage)
     assert (local.chunk, local.probes) == (chunk_size(64, 2), 2)
-    ray = decode_stage(_config(), dataset, counters, pool=None, cluster=cluster, local=None)  # type: ignore[arg-type]
+    ray = decode_stage(_config(), dataset, counters, None, cluster, None)  # type: ignore[arg-type]
     assert isinstance(ray, RayDecodeStage)
     assert (ray.chunk, ray.reads_urls, ray.samples_in_flight) == (cluster_chunk(64, 3), True, 6 * ray.chunk)
     # A custom read, or byte ranges of a file: the reader reads, the tasks get bytes.
-    ray = decode_stage(_config(read=open), dataset, counters, pool=None, cluster=cluster, local=None)  # type: ignore[arg-type]
+    ray = decode_stage(_config(read=open), dataset, counters, None, cluster, None)  # type: ignore[arg-type]
     assert ray is not None and not ray.reads_urls
     spans = SimpleNamespace(path=str, has_spans=True)
-    ray = decode_stage(_config(), spans, counters, pool=None, cluster=cluster, local=None)  # type: ignore[arg-type]
+    ray = decode_stage(_config(), spans, counters, None, cluster, None)  # type: ignore[arg-type]
     assert ray is not None and not ray.reads_urls
     # decode=None: no stage at all.
-    assert decode_stage(_config(decode=None), dataset, counters, pool=None, cluster=None, local=None) is None  # type: ignore[arg-type]
+    assert decode_stage(_config(decode=None), dataset, counters, None, None, None) is None  # type: ignore[arg-type]
 
 
 def test_forget_names_the_slabs_closed_lately_of_every_pool() -> None:

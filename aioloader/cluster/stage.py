@@ -28,7 +28,7 @@ from typing import Any
 from aioloader.cluster.faults import Kind, Recovery, kind_of
 from aioloader.cluster.session import RaySession
 from aioloader.cluster.task import Answer, Fatal, Reading, TimedOut
-from aioloader.decode.contract import Item, Outcome
+from aioloader.decode.contract import ChunkItem, Outcome
 from aioloader.decode.stage import decode_error
 from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
 from aioloader.memory.results import Failed, Pickled
@@ -103,7 +103,7 @@ class RayDecodeStage:
         epoch: int,
         k: int,
         slab: Slab | None,
-        items: list[Item],
+        items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
     ) -> list[Outcome]:
@@ -149,7 +149,7 @@ class RayDecodeStage:
         await attempt([item[0] for item in items])
         return [outcomes[item[0]] for item in items]
 
-    async def _task(self, epoch: int, k: int, chunk: list[Item]) -> tuple[Answer | None, Kind | None]:
+    async def _task(self, epoch: int, k: int, chunk: list[ChunkItem]) -> tuple[Answer | None, Kind | None]:
         """Run one task: its answer, or why there is none."""
         assert self._slots is not None
         async with self._slots.slot((k, chunk[0][0])):
@@ -198,7 +198,7 @@ class RayDecodeStage:
 
     def _take(
         self,
-        chunk: list[Item],
+        chunk: list[ChunkItem],
         answer: Answer,
         writer: RowWriter | None,
         outcomes: dict[int, Outcome],

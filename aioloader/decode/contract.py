@@ -19,7 +19,7 @@ from aioloader.memory.results import RowResult
 if TYPE_CHECKING:
     from aioloader.memory.slabs import Slab
 
-__all__ = ["DecodeStageLike", "Item", "Outcome", "declares_hot_start"]
+__all__ = ["ChunkItem", "DecodeStageLike", "Outcome", "declares_hot_start"]
 
 #: What became of one sample: its result, or the error that ends it.
 Outcome = RowResult | SampleError
@@ -27,7 +27,7 @@ Outcome = RowResult | SampleError
 #: One sample of a chunk: ``(row in its batch, dataset index, source)``. The source is the
 #: file's bytes, its ``(offset, size)`` in the batch's input arena, or, for a stage that
 #: reads URLs itself (:attr:`DecodeStageLike.reads_urls`), the URL as a string.
-Item = tuple[int, int, Any]
+ChunkItem = tuple[int, int, Any]
 
 
 @runtime_checkable
@@ -70,7 +70,7 @@ class DecodeStageLike(Protocol):
         epoch: int,
         k: int,
         slab: Slab | None,
-        items: list[Item],
+        items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
     ) -> list[Outcome]:

@@ -25,7 +25,7 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from aioloader.decode.contract import Item, Outcome
+from aioloader.decode.contract import ChunkItem, Outcome
 from aioloader.decode.pool import DecodePool, describe_deaths
 from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import NotLoaded, decode_chunk
@@ -112,7 +112,7 @@ class DecodeStage:
         epoch: int,
         k: int,
         slab: Slab | None,
-        items: list[Item],
+        items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
     ) -> list[Outcome]:

@@ -27,17 +27,17 @@ def decode_stage(
     config: LoaderConfig,
     dataset: FileDataset,
     counters: Counters,
-    *,
     pool: DecodePool | None,
     cluster: RaySession | None,
     local: Executor,
-    forget: Callable[[], tuple[str, ...]] = tuple,
+    slabs: tuple[SlabPool | None, ...] = (),
 ) -> DecodeStageLike | None:
     """The decode stage for ``config``: on ``cluster``'s Ray tasks when there is one, else on
     ``pool``'s workers, else None (``decode=None``: the samples are the files' bytes).
 
     ``local``: the thread a decoder that declares ``hot_start`` may also run on while the
-    workers boot; ``forget()``: the slabs closed lately, that the workers still map."""
+    workers boot; ``slabs``: the pools of the slabs and arenas the workers map (they are
+    told which were closed lately, :func:`closed_slabs`)."""
     if cluster is not None:
         return RayDecodeStage(
             cluster,
@@ -69,7 +69,7 @@ def decode_stage(
         local=local,
         on_restart=counters.set_worker_restarts,
         meter=counters.meters["decode"],
-        forget=forget,
+        forget=closed_slabs(*slabs),
     )
 
 
