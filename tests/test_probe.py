@@ -1,4 +1,5 @@
-"""The first batch's probe (aioloader/engine/epoch.py, ``Opening`` in engine/opening.py).
+"""The first batch's probe (aioloader/engine/epoch.py, ``Opening`` in engine/opening.py, the
+slabs the probes ran with in engine/batch.py's ``BatchSlabs``).
 
 While the slabs' layout is unknown (a decoder that declares nothing, at the start), the
 epoch's first samples decode alone, one per worker (probes), and the first to finish teaches
@@ -11,12 +12,14 @@ rows like every other one. A slow probe holds up no worker: the others teach.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from aioloader import Loader
+from aioloader.engine.batch import BatchSlabs
 from aioloader.engine.opening import Opening, OpeningState, Phase, Wake
 from aioloader.engine.sizing import chunk_cuts
 from aioloader.memory.results import Pickled
@@ -97,6 +100,74 @@ def test_in_completion_order_the_gate_does_not_wait_for_the_layout_pure() -> Non
     state.cut(2)
     assert state.chunk_read() is Wake.NONE
     assert state.chunk_read() is Wake.LATER  # nothing to learn: the last read opens it
+
+
+# -- a batch's slabs (engine/batch.py: BatchSlabs), on a fake pool --------------------------
+
+
+class _Slabs:
+    """What :class:`BatchSlabs` asks of a slab pool: slabs handed out and given back, and the
+    layout a new slab gets (``sample``)."""
+
+    def __init__(self) -> None:
+        self.sample: Any = None
+        self.out: list[Any] = []
+        self.back: list[Any] = []
+        self.made = 0
+
+    def acquire(self) -> Any:
+        self.made += 1
+        slab = SimpleNamespace(n=self.made, layout=SimpleNamespace(sample=self.sample), tainted=False)
+        self.out.append(slab)
+        return slab
+
+    def release(self, slab: Any) -> None:
+        assert slab in self.out and slab not in self.back, "given back twice"
+        self.back.append(slab)
+
+
+def test_a_batchs_slabs_the_probes_old_one_kept_until_the_batch_ends() -> None:
+    rows, arenas = _Slabs(), _Slabs()
+    slabs = BatchSlabs(rows, arenas, take_rows=True)  # type: ignore[arg-type]
+    probed = slabs.rows
+    assert probed is not None and slabs.inputs is not None and slabs.rows_for_decode() is probed
+    slabs.relayout()  # nothing learned yet: the same slab
+    assert slabs.rows is probed and slabs.earlier == []
+    rows.sample = "learned"  # a probe taught the layout: the followers get a slab of it
+    slabs.relayout()
+    assert slabs.rows is not probed and slabs.rows.layout.sample == "learned"
+    assert slabs.earlier == [probed] and rows.back == []  # a probe may still decode into it
+    slabs.relayout()  # already of the layout: kept
+    assert rows.made == 2
+    slabs.decoded()
+    assert arenas.back == arenas.out and slabs.inputs is None
+    current = slabs.rows
+    slabs.release()
+    assert rows.back == [current, probed] and slabs.rows is None and slabs.earlier == []
+    slabs.release()  # once only
+    assert len(rows.back) == 2 and len(arenas.back) == 1
+
+
+def test_a_later_batch_takes_its_rows_slab_when_it_first_decodes() -> None:
+    rows = _Slabs()
+    slabs = BatchSlabs(rows, None, take_rows=False)  # type: ignore[arg-type]
+    assert slabs.rows is None and slabs.inputs is None and rows.made == 0
+    rows.sample = "learned"
+    taken = slabs.rows_for_decode()
+    assert taken is not None and taken.layout.sample == "learned" and slabs.rows_for_decode() is taken
+    assert BatchSlabs(None, None, take_rows=True).rows_for_decode() is None  # pickled: no slabs
+
+
+def test_a_failed_batch_taints_every_slab_it_held() -> None:
+    rows, arenas = _Slabs(), _Slabs()
+    slabs = BatchSlabs(rows, arenas, take_rows=True)  # type: ignore[arg-type]
+    rows.sample = "learned"
+    slabs.relayout()
+    held = [slabs.rows, *slabs.earlier, slabs.inputs]
+    slabs.taint()
+    slabs.release()
+    assert all(s is not None and s.tainted for s in held)
+    assert sorted(s.n for s in rows.back) == [1, 2] and len(arenas.back) == 1
 
 
 # -- the waiting, on a loop (Opening) ---------------------------------------------------------

@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
-from aioloader.decode.contract import DecodeStageLike
+from aioloader.decode.contract import ChunkItem, DecodeStageLike
 from aioloader.engine import sizing
 from aioloader.engine.assemble import Assembler
+from aioloader.engine.batch import BatchSlabs, BatchWork
 from aioloader.engine.failures import FailurePolicy
 from aioloader.engine.opening import Opening
 from aioloader.engine.sizing import SizeTracker, pooled_arenas, pooled_slabs
@@ -197,121 +197,109 @@ class Engine:
         finally:
             await cancel(building)
 
-    async def _batch(
-        self, plan: EpochPlan, k: int, opening: Opening | None = None, first: bool = True
-    ) -> Batch:
+    async def _batch(self, plan: EpochPlan, k: int, opening: Opening, first: bool) -> Batch:
         """Read, decode and assemble batch ``k``, the epoch's ``first`` or a later one."""
         indices: list[int] = plan.batch(k).tolist()
         # The rows slab: taken now by the first batch; by a later one when its first chunk
         # is to be decoded, once the epoch's opening is open (see _run: the layout it gets).
-        box = [self._slabs.acquire() if self._slabs is not None and first else None]
-        inputs = self._inputs.acquire() if self._inputs is not None else None
+        slabs = BatchSlabs(self._slabs, self._inputs, take_rows=first)
+        work = BatchWork(plan.epoch, k, indices, first, slabs)
         try:
-            results: list[RowResult | None] = [None] * len(indices)
-            rows = range(len(indices))
-            # While the layout is unknown, the first batch's first samples decode alone, one
-            # per worker (probes), and the first to finish teaches it; the batch's other
-            # chunks then decode into rows, not back pickled. A slow probe holds up no worker.
-            probes = (
-                self._stage.probes
-                if self._stage is not None and first and opening is not None and opening.need_layout
-                else 0
-            )
-            cuts = sizing.chunk_cuts(len(indices), self.chunk, probes)
-            probes = min(probes, len(cuts))
-            if first and opening is not None:
-                opening.cut(len(cuts), probes)
-            tasks = [
-                self._chunk(plan.epoch, k, box, inputs, indices, rows[a:b], results, opening, first, probes)
-                for a, b in cuts
-            ]
-            for i in range(probes):  # however a probe ends, the chunks waiting for it go on
-                tasks[i] = opening.probe_with(tasks[i])  # type: ignore[union-attr]
-            await gather_or_cancel(tasks)
-            self._assembler.settle_probes(results, probes, box[0])
-            if inputs is not None:  # decoded: the file bytes are no longer needed
-                self._inputs.release(inputs)  # type: ignore[union-attr]
-                inputs = None
-            self._learn(results, box[0])
-            batch, box[0] = await self._assembler.assemble(k, indices, results, box[0])
+            await self._decode_batch(work, opening)
+            self._assembler.settle_probes(work.results, work.probes, slabs.rows)
+            slabs.decoded()
+            self._learn(work.results, slabs.rows)
+            batch, slabs.rows = await self._assembler.assemble(k, indices, work.results, slabs.rows)
             return batch
         except BaseException:
-            for written in (*box, inputs):  # a worker or a read may still write into it
-                if written is not None:
-                    written.tainted = True  # never reused
+            slabs.taint()
             raise
         finally:
-            for slab in box:  # box[1:]: the slabs the probes ran with, before the layout
-                if slab is not None:
-                    self._slabs.release(slab)  # type: ignore[union-attr]
-            if inputs is not None:
-                self._inputs.release(inputs)  # type: ignore[union-attr]
+            slabs.release()
 
-    async def _chunk(
-        self,
-        epoch: int,
-        k: int,
-        box: list[Slab | None],
-        inputs: Slab | None,
-        indices: list[int],
-        rows: range,
-        results: list[RowResult | None],
-        opening: Opening | None,
-        first: bool,
-        probes: int = 0,
-    ) -> None:
-        """Read the files of ``rows`` concurrently, then decode them in one worker task
-        (``probes``: the batch's first rows, each decoded alone to teach the layout; its
-        other chunks wait for that, then decode into a slab of the layout learned)."""
-        items: list[tuple[int, int, Any]]
-        if self._stage is not None and self._stage.reads_urls:  # URLs go to the Ray tasks as they are
-            paths = self._ds.paths_of([indices[r] for r in rows])
-            urls = [(r, indices[r], p) for r, p in zip(rows, paths, strict=True) if is_remote(p)]
-            here = [r for r, p in zip(rows, paths, strict=True) if not is_remote(p)] if urls else rows
-            if urls:
-                self.policy.attempted(len(urls))
-            sources = await self._read(indices, here, inputs) if here else []
-            items = [(r, indices[r], src) for r, src in zip(here, sources, strict=True) if src is not None]
-            items = sorted(items + urls) if urls else items
-        else:
-            sources = await self._read(indices, rows, inputs)
-            items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
+    async def _decode_batch(self, work: BatchWork, opening: Opening) -> None:
+        """Every chunk of the batch read and decoded, the probes first (the first batch's,
+        while the layout is to learn: one sample each, the first to finish teaches it; the
+        batch's other chunks then decode into rows, not back pickled. A slow probe holds up
+        no worker)."""
+        probes = 0
+        if self._stage is not None and work.first and opening.need_layout:
+            probes = self._stage.probes
+        cuts = sizing.chunk_cuts(len(work.indices), self.chunk, probes)
+        work.probes = min(probes, len(cuts))
+        if work.first:
+            opening.cut(len(cuts), work.probes)
+        rows = range(len(work.indices))
+        tasks = [self._chunk(work, rows[a:b], opening) for a, b in cuts]
+        for i in range(work.probes):  # however a probe ends, the chunks waiting for it go on
+            tasks[i] = opening.probe_with(tasks[i])
+        await gather_or_cancel(tasks)
+
+    async def _chunk(self, work: BatchWork, rows: range, opening: Opening) -> None:
+        """Read the files of ``rows`` concurrently, take the chunk's turn in the epoch's
+        opening, then decode them in one task."""
+        items = await self._items(work, rows)
         # A chunk of the first batch counts as ready for the later batches once it is about
         # to ask for a decode slot: a probe's follower only after the probes, so that the
         # later batches, let in by the last of them, ask after every chunk of the first.
-        follower = rows[0] >= probes > 0 and opening is not None
-        if first and opening is not None and (not follower or not items):
+        follower = work.first and rows[0] >= work.probes > 0
+        if work.first and (not follower or not items):
             opening.chunk_read()
         if not items:
             return
         if self._stage is None:  # decode=None: the sample is the file's bytes
             for r, _, src in items:
-                results[r] = Pickled(src)
+                work.results[r] = Pickled(src)
             return
-        if not first and opening is not None:
-            await opening.wait((k, rows[0]))
-        if follower and opening is not None:
+        await self._turn(work, rows[0], follower, opening)
+        await self._decode(self._stage, work, items, opening)
+
+    async def _items(self, work: BatchWork, rows: range) -> list[ChunkItem]:
+        """The chunk's samples to decode, ``(row, index, source)`` in row order: the files
+        read here, and the URLs as they are where the stage reads them itself. A sample whose
+        read failed is left out (the failure policy has it)."""
+        indices, inputs = work.indices, work.slabs.inputs
+        here: range | list[int] = rows
+        urls: list[ChunkItem] = []
+        if self._stage is not None and self._stage.reads_urls:
+            paths = self._ds.paths_of([indices[r] for r in rows])
+            urls = [(r, indices[r], p) for r, p in zip(rows, paths, strict=True) if is_remote(p)]
+            if urls:
+                here = [r for r, p in zip(rows, paths, strict=True) if not is_remote(p)]
+                self.policy.attempted(len(urls))
+        sources = await self._read(indices, here, inputs) if here else []
+        items: list[ChunkItem] = [
+            (r, indices[r], src) for r, src in zip(here, sources, strict=True) if src is not None
+        ]
+        return sorted(items + urls) if urls else items
+
+    async def _turn(self, work: BatchWork, row: int, follower: bool, opening: Opening) -> None:
+        """Wait for the chunk's turn to decode: a later batch's until the epoch's opening
+        lets it in; a follower of the first batch's probes until they taught the layout (or
+        all ended), then, with a slab of the layout learned, straight to its slot, before
+        any later batch resumes."""
+        if not work.first:
+            await opening.wait((work.k, row))
+        elif follower:
             await opening.after_probe()
-            if (
-                box[0] is not None
-                and box[0].layout.sample is None
-                and self._slabs is not None
-                and self._slabs.sample
-            ):
-                box[:1] = [self._slabs.acquire(), box[0]]  # a probe may still run with the old one
-            opening.chunk_read()  # then straight to its slot, before any later batch resumes
-        if box[0] is None and self._slabs is not None:
-            box[0] = self._slabs.acquire()
-        slab = box[0]
+            work.slabs.relayout()  # a probe may still run with the old one
+            opening.chunk_read()
+
+    async def _decode(
+        self, stage: DecodeStageLike, work: BatchWork, items: list[ChunkItem], opening: Opening
+    ) -> None:
+        """Decode ``items`` into the batch's rows slab; while the first batch still has the
+        layout to learn, learn it from this chunk alone."""
+        slab = work.slabs.rows_for_decode()
         per_sample = self._layout.out_bytes_per_sample()
         share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
-        outcomes = await self._stage.run(epoch, k, slab, items, share, inputs)
+        outcomes = await stage.run(work.epoch, work.k, slab, items, share, work.slabs.inputs)
         for (r, _, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, SampleError):
                 self.policy.failed(outcome)
             else:
-                results[r] = outcome
-        if first and opening is not None and opening.need_layout:  # learnt from this chunk alone
+                work.results[r] = outcome
+        if work.first and opening.need_layout:
             assert slab is not None  # a layout is only to learn where there are slabs
             self._observe([o for o in outcomes if not isinstance(o, SampleError)], slab)
             self._plan_slabs()
