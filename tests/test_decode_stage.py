@@ -13,9 +13,11 @@ import numpy as np
 from aioloader import ImageDecoder, Loader
 from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
 from aioloader.decode.contract import DecodeStageLike, declares_hot_start
+from aioloader.decode.faults import POISON_CRASHES, Breakage, Fate, describe_deaths, fate, sort_out
 from aioloader.decode.stage import DecodeStage
 from aioloader.engine.decoding import closed_slabs, decode_stage
 from aioloader.engine.sizing import chunk_size
+from aioloader.errors import DecodeError, LoaderTimeoutError
 from aioloader.observe.stats import Counters
 
 
@@ -158,3 +160,44 @@ def test_a_loader_holds_a_stage_by_its_contract(tmp_path: Path) -> None:
 
 def _first_byte(data: bytes) -> np.ndarray:
     return np.array(data[0], dtype=np.int64)
+
+
+# -- what a worker's death makes of the rows in flight (decode/faults.py), pure ---------------
+
+
+def test_a_rows_fate_is_judged_by_the_worker_it_was_on() -> None:
+    broke = Breakage(dead={11: -9, 12: 3}, timed_out=frozenset({11}))
+    assert fate(11, broke, 0) is Fate.TIMED_OUT  # killed by the loader for sample_timeout
+    assert fate(12, broke, 0) is Fate.CRASHED_ONCE  # crashed: decoded again, counted
+    assert fate(12, broke, 1) is Fate.POISON  # a second crashed worker under it
+    assert fate(13, broke, 1) is Fate.AGAIN  # alive: another worker's death broke the pool
+    assert fate(0, broke, 5) is Fate.AGAIN  # queued, on no worker
+    assert POISON_CRASHES == 2
+
+
+def test_a_broken_chunk_is_sorted_out_row_by_row() -> None:
+    items = [(0, 100, b"a"), (1, 101, b"b"), (2, 102, b"c"), (3, 103, b"d")]
+    broke = Breakage(dead={7: -11, 8: -9}, timed_out=frozenset({8}))
+    # Row 0 on the crashed worker for the first time, row 1 for the second, row 2 on the
+    # worker killed for its timeout, row 3 queued.
+    judged = sort_out(items, [7, 7, 8, 0], broke, {1: 1}, timeout=2.5, path_of=lambda i: f"f{i}")
+    assert judged.again == [items[0], items[3]]
+    assert judged.crashes == {0: 1, 1: 2}
+    assert sorted(judged.ended) == [1, 2]
+    poison, slow = judged.ended[1], judged.ended[2]
+    assert isinstance(poison, DecodeError) and not isinstance(poison, LoaderTimeoutError)
+    assert str(poison).startswith("decode worker pid 7 died of SIGSEGV, twice")
+    assert (poison.path, poison.index) == ("f101", 101)
+    assert isinstance(slow, LoaderTimeoutError) and "sample_timeout=2.5s" in str(slow)
+    assert (slow.path, slow.index) == ("f102", 102)
+    crashes = {1: 1}
+    sort_out(items, [7, 7, 8, 0], broke, crashes, timeout=None, path_of=str)
+    assert crashes == {1: 1}  # pure: the counts given are left alone
+
+
+def test_the_dead_are_described_by_signal_or_exit_code() -> None:
+    assert describe_deaths({12: -9, 3: 4}) == "pid 3 exited with code 4, pid 12 died of SIGKILL"
+    assert describe_deaths({}) == "(unknown pid) died"
+    from aioloader.decode import pool
+
+    assert pool.Breakage is Breakage and pool.describe_deaths is describe_deaths  # still there too
