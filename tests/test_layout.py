@@ -154,6 +154,17 @@ VIOLATIONS = {
         "\n\ndef _sneak() -> None:\n    from aioloader.memory import segments  # noqa: F401\n",
         "pure wings: no I/O, no event loop, no processes",
     ),
+    # The engine holds its decode stage by the contract (decode/contract.py), never its class.
+    "engine-knows-the-local-stage": (
+        "engine/epoch.py",
+        "\n\ndef _sneak() -> None:\n    from aioloader.decode import stage  # noqa: F401\n",
+        "the engine and the tuner know a decode stage only by its contract",
+    ),
+    "tuner-knows-the-ray-stage": (
+        "tune/tuner.py",
+        "\n\ndef _sneak() -> None:\n    from aioloader.cluster import stage  # noqa: F401\n",
+        "the engine and the tuner know a decode stage only by its contract",
+    ),
 }
 
 
@@ -178,7 +189,7 @@ def package_copy(tmp_path: Path) -> Path:
 def test_contracts_are_kept(package_copy: Path) -> None:
     done = _lint(package_copy)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Contracts: 3 kept, 0 broken." in done.stdout
+    assert "Contracts: 4 kept, 0 broken." in done.stdout
 
 
 @pytest.mark.parametrize("case", sorted(VIOLATIONS))

@@ -1,4 +1,5 @@
-"""The first batch's probe (aioloader/engine/epoch.py, ``Opening`` in engine/tasks.py).
+"""The first batch's probe (aioloader/engine/epoch.py, ``Opening`` in engine/opening.py, the
+slabs the probes ran with in engine/batch.py's ``BatchSlabs``).
 
 While the slabs' layout is unknown (a decoder that declares nothing, at the start), the
 epoch's first samples decode alone, one per worker (probes), and the first to finish teaches
@@ -11,14 +12,16 @@ rows like every other one. A slow probe holds up no worker: the others teach.
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from aioloader import Loader
+from aioloader.engine.batch import BatchSlabs
+from aioloader.engine.opening import Opening, OpeningState, Phase, Wake
 from aioloader.engine.sizing import chunk_cuts
-from aioloader.engine.tasks import Opening
 from aioloader.memory.results import Pickled
 from aioloader.memory.slots import OrderedSlots
 
@@ -37,13 +40,145 @@ def test_chunk_cuts_put_the_probes_first_then_whole_chunks() -> None:
             assert all(0 < b - a <= 16 for a, b in cuts)
 
 
+# -- the opening's states and events, pure (OpeningState: no loop) ---------------------------
+
+
+def test_the_opening_starts_learning_or_learned() -> None:
+    assert OpeningState.start(need_layout=True).phase is Phase.LEARNING
+    assert OpeningState.start(need_layout=False).phase is Phase.LEARNED
+    state = OpeningState.start(need_layout=True)
+    state.cut(4)  # no probes: nobody waits for one
+    assert state.phase is Phase.LEARNING and not state.followers_wait and state.need_layout
+
+
+def test_a_probe_teaches_the_followers_go_then_the_later_batches() -> None:
+    state = OpeningState.start(need_layout=True)
+    state.cut(3, probes=1)  # a probe and two followers
+    assert state.phase is Phase.PROBING and state.followers_wait
+    assert state.chunk_read() is Wake.NONE  # the probe's read
+    assert state.layout_learned() is Wake.FOLLOWERS  # the followers have yet to ask for slots
+    assert state.phase is Phase.LEARNED and not state.followers_wait and not state.need_layout
+    assert state.chunk_read() is Wake.NONE
+    assert state.chunk_read() is Wake.LATER and state.is_open  # the last follower lets them in
+    assert state.probe_ended() is Wake.NONE  # the probe that taught, ending
+    assert state.batch_done() is Wake.NONE  # open already: opens once
+
+
+def test_a_layout_learned_once_every_chunk_is_read_wakes_both_followers_first() -> None:
+    state = OpeningState.start(need_layout=True)
+    state.cut(2, probes=1)
+    assert state.chunk_read() is Wake.NONE  # the probe
+    assert state.chunk_read() is Wake.NONE  # a follower whose reads all failed: nothing to wait for
+    assert state.layout_learned() == Wake.FOLLOWERS | Wake.LATER
+
+
+def test_probes_that_all_end_without_teaching_let_the_followers_go_still_learning() -> None:
+    state = OpeningState.start(need_layout=True)
+    state.cut(4, probes=2)
+    assert state.probe_ended() is Wake.NONE and state.phase is Phase.PROBING  # one may still teach
+    assert state.probe_ended() is Wake.FOLLOWERS and state.phase is Phase.LEARNING
+    for _ in range(4):
+        assert state.chunk_read() is Wake.NONE  # every file read, no layout yet: the later batches wait
+    assert state.layout_learned() is Wake.LATER  # a follower's chunk taught it
+    assert state.phase is Phase.LEARNED
+
+
+def test_the_first_batch_done_opens_whatever_it_learned() -> None:
+    state = OpeningState.start(need_layout=True)
+    state.cut(1)
+    assert state.chunk_read() is Wake.NONE  # every sample failed: nothing to learn from
+    assert state.batch_done() is Wake.LATER and state.is_open and state.need_layout
+
+
+def test_in_completion_order_the_gate_does_not_wait_for_the_layout_pure() -> None:
+    state = OpeningState.start(need_layout=True, wait_for_layout=False)
+    state.cut(1, probes=1)
+    assert state.chunk_read() is Wake.LATER  # open while the probe still decodes
+    assert state.phase is Phase.PROBING
+    assert state.layout_learned() is Wake.FOLLOWERS  # open already
+    state = OpeningState.start(need_layout=False)
+    state.cut(2)
+    assert state.chunk_read() is Wake.NONE
+    assert state.chunk_read() is Wake.LATER  # nothing to learn: the last read opens it
+
+
+# -- a batch's slabs (engine/batch.py: BatchSlabs), on a fake pool --------------------------
+
+
+class _Slabs:
+    """What :class:`BatchSlabs` asks of a slab pool: slabs handed out and given back, and the
+    layout a new slab gets (``sample``)."""
+
+    def __init__(self) -> None:
+        self.sample: Any = None
+        self.out: list[Any] = []
+        self.back: list[Any] = []
+        self.made = 0
+
+    def acquire(self) -> Any:
+        self.made += 1
+        slab = SimpleNamespace(n=self.made, layout=SimpleNamespace(sample=self.sample), tainted=False)
+        self.out.append(slab)
+        return slab
+
+    def release(self, slab: Any) -> None:
+        assert slab in self.out and slab not in self.back, "given back twice"
+        self.back.append(slab)
+
+
+def test_a_batchs_slabs_the_probes_old_one_kept_until_the_batch_ends() -> None:
+    rows, arenas = _Slabs(), _Slabs()
+    slabs = BatchSlabs(rows, arenas, take_rows=True)  # type: ignore[arg-type]
+    probed = slabs.rows
+    assert probed is not None and slabs.inputs is not None and slabs.rows_for_decode() is probed
+    slabs.relayout()  # nothing learned yet: the same slab
+    assert slabs.rows is probed and slabs.earlier == []
+    rows.sample = "learned"  # a probe taught the layout: the followers get a slab of it
+    slabs.relayout()
+    assert slabs.rows is not probed and slabs.rows.layout.sample == "learned"
+    assert slabs.earlier == [probed] and rows.back == []  # a probe may still decode into it
+    slabs.relayout()  # already of the layout: kept
+    assert rows.made == 2
+    slabs.decoded()
+    assert arenas.back == arenas.out and slabs.inputs is None
+    current = slabs.rows
+    slabs.release()
+    assert rows.back == [current, probed] and slabs.rows is None and slabs.earlier == []
+    slabs.release()  # once only
+    assert len(rows.back) == 2 and len(arenas.back) == 1
+
+
+def test_a_later_batch_takes_its_rows_slab_when_it_first_decodes() -> None:
+    rows = _Slabs()
+    slabs = BatchSlabs(rows, None, take_rows=False)  # type: ignore[arg-type]
+    assert slabs.rows is None and slabs.inputs is None and rows.made == 0
+    rows.sample = "learned"
+    taken = slabs.rows_for_decode()
+    assert taken is not None and taken.layout.sample == "learned" and slabs.rows_for_decode() is taken
+    assert BatchSlabs(None, None, take_rows=True).rows_for_decode() is None  # pickled: no slabs
+
+
+def test_a_failed_batch_taints_every_slab_it_held() -> None:
+    rows, arenas = _Slabs(), _Slabs()
+    slabs = BatchSlabs(rows, arenas, take_rows=True)  # type: ignore[arg-type]
+    rows.sample = "learned"
+    slabs.relayout()
+    held = [slabs.rows, *slabs.earlier, slabs.inputs]
+    slabs.taint()
+    slabs.release()
+    assert all(s is not None and s.tainted for s in held)
+    assert sorted(s.n for s in rows.back) == [1, 2] and len(arenas.back) == 1
+
+
+# -- the waiting, on a loop (Opening) ---------------------------------------------------------
+
+
 @pytest.mark.asyncio
 async def test_the_probes_followers_take_the_slots_before_the_later_batches() -> None:
     """The probe teaches the layout: the first batch's other chunks resume first and ask for
     decode slots first, then the later batches, smallest key first."""
     opening = Opening(need_layout=True)
-    opening.chunks = 3  # the probe and two chunks
-    opening.probing(1)
+    opening.cut(3, probes=1)  # the probe and two chunks
     slots = OrderedSlots(2)
     granted: list[tuple[int, int]] = []
 
@@ -78,8 +213,7 @@ async def test_a_later_batch_read_just_as_the_probe_ends_waits_for_the_followers
     resumes before the followers do) must still find the opening closed: the later batches
     are let in by the last follower, once it asks for its slot, not when the reads are done."""
     opening = Opening(need_layout=True)
-    opening.chunks = 3  # a probe and two followers
-    opening.probing(1)
+    opening.cut(3, probes=1)  # a probe and two followers
     slots = OrderedSlots(4)  # free: whoever asks first gets one first
     granted: list[tuple[int, int]] = []
     read_done = asyncio.Event()
@@ -110,7 +244,7 @@ async def test_a_probe_that_fails_lets_its_followers_go() -> None:
     """A probe that raises (a read or decode that failed, a cancellation) still lets the
     first batch's other chunks go: they decode without a layout, as before there was one."""
     opening = Opening(need_layout=True)
-    opening.probing(1)
+    opening.cut(2, probes=1)
     follower = asyncio.ensure_future(opening.after_probe())
     await asyncio.sleep(0)
     assert not follower.done()
@@ -130,7 +264,7 @@ async def test_followers_go_once_one_probe_taught_or_every_probe_ended() -> None
     """Two probes: the first to teach the layout lets the followers go, however long the
     other takes; probes that all end without teaching let them go too."""
     opening = Opening(need_layout=True)
-    opening.probing(2)
+    opening.cut(3, probes=2)
     slow = asyncio.Event()
 
     async def probe(teaches: bool, wait: asyncio.Event | None = None) -> None:
@@ -148,7 +282,7 @@ async def test_followers_go_once_one_probe_taught_or_every_probe_ended() -> None
     await slow_probe
 
     opening = Opening(need_layout=True)
-    opening.probing(2)
+    opening.cut(3, probes=2)
     follower = asyncio.ensure_future(opening.after_probe())
     await opening.probe_with(probe(False))
     await asyncio.sleep(0)
@@ -161,7 +295,7 @@ async def test_followers_go_once_one_probe_taught_or_every_probe_ended() -> None
 @pytest.mark.asyncio
 async def test_a_cancelled_follower_leaves_the_others_waiting_for_the_probe() -> None:
     opening = Opening(need_layout=True)
-    opening.probing(1)
+    opening.cut(3, probes=1)
     a = asyncio.ensure_future(opening.after_probe())
     b = asyncio.ensure_future(opening.after_probe())
     await asyncio.sleep(0)
@@ -175,7 +309,7 @@ async def test_a_cancelled_follower_leaves_the_others_waiting_for_the_probe() ->
 @pytest.mark.asyncio
 async def test_without_a_probe_nobody_waits_for_one() -> None:
     opening = Opening(need_layout=False)
-    opening.probing(0)
+    opening.cut(2)
     await asyncio.wait_for(opening.after_probe(), 1)
 
 
@@ -185,8 +319,7 @@ async def test_in_completion_order_the_later_batches_do_not_wait_for_the_layout(
     while the probe still decodes; in sampler order they wait for what it teaches."""
     for wait_for_layout in (True, False):
         opening = Opening(need_layout=True, wait_for_layout=wait_for_layout)
-        opening.chunks = 1  # the probe alone (batch_size=1)
-        opening.probing(1)
+        opening.cut(1, probes=1)  # the probe alone (batch_size=1)
         opening.chunk_read()  # the probe read its file and decodes, slowly
         later = asyncio.ensure_future(opening.wait((1, 0)))
         await asyncio.sleep(0.01)
@@ -216,7 +349,7 @@ def _number_but_a_workers_first(data: bytes) -> np.ndarray:
 def _count_pickled(loader: Loader) -> dict[int, int]:
     """Wrap the in-process engine's decode stage: the samples that come back pickled, by
     batch number (summed over epochs)."""
-    stage = loader._runtime.engine._decoder  # type: ignore[union-attr]
+    stage = loader._runtime.engine._stage  # type: ignore[union-attr]
     run = stage.run
     counts: dict[int, int] = {}
 

@@ -109,14 +109,14 @@ async def test_a_closed_pool_opens_with_the_limit_set_meanwhile() -> None:
 
 
 async def test_an_epochs_opening_lets_later_batches_on_in_epoch_order() -> None:
-    """The engine's Opening (aioloader/engine/tasks.py): a later batch's chunk, its files
+    """The engine's Opening (aioloader/engine/opening.py): a later batch's chunk, its files
     read, waits until the first batch's files are all read and its first sample taught the
     layout; then the waiters go on smallest key first, and ask for open decode slots in
     that order (the slots grant at once while free: the order they ask in is the order)."""
-    from aioloader.engine.tasks import Opening
+    from aioloader.engine.opening import Opening
 
     opening = Opening(need_layout=True)
-    opening.chunks = 2  # the first batch's two chunks
+    opening.cut(2)  # the first batch's two chunks
     slots = OrderedSlots(2)
     granted: list[int] = []
 
@@ -140,13 +140,13 @@ async def test_an_epochs_opening_lets_later_batches_on_in_epoch_order() -> None:
 
 
 async def test_an_opening_opens_when_the_first_batch_ends_whatever_it_learned() -> None:
-    from aioloader.engine.tasks import Opening
+    from aioloader.engine.opening import Opening
 
     opening = Opening(need_layout=True)
-    opening.chunks = 1
+    opening.cut(1)
     waiter = asyncio.ensure_future(opening.wait((3, 0)))
     opening.chunk_read()
     await asyncio.sleep(0)
     assert not waiter.done()  # every sample of the first batch failed: no layout to learn
-    opening.open()  # the first batch is done
+    opening.batch_done()
     await asyncio.wait_for(waiter, 1)

@@ -17,5 +17,5 @@ bridge are the local loader's; only the decode of a chunk moves to the cluster::
 | ``session.py`` | one loader's tasks: the remote function, the decode put once, none left running by close |
 | ``task.py`` | on the cluster: URLs read there, the chunk decoded as locally, ``sample_timeout`` by SIGALRM |
 | ``faults.py`` | pure: what a task that failed without an answer becomes (split, retry, poison, timeout) |
-| ``stage.py`` | the decode stage the engine awaits (as ``decode/stage.py``): slots, answers into the slab |
+| ``stage.py`` | the decode stage the engine awaits (a ``DecodeStageLike``): slots, answers into the slab |
 """

@@ -28,9 +28,10 @@ from typing import Any
 from aioloader.cluster.faults import Kind, Recovery, kind_of
 from aioloader.cluster.session import RaySession
 from aioloader.cluster.task import Answer, Fatal, Reading, TimedOut
+from aioloader.decode.contract import ChunkItem, Outcome
 from aioloader.decode.stage import decode_error
 from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
-from aioloader.memory.results import Failed, Pickled, RowResult
+from aioloader.memory.results import Failed, Pickled
 from aioloader.memory.slabs import Slab
 from aioloader.memory.slots import OrderedSlots
 from aioloader.memory.writer import RowWriter
@@ -44,9 +45,6 @@ __all__ = ["STUCK_GRACE", "RayDecodeStage", "cluster_chunk"]
 #: it with ``force=True`` (its worker is killed): Ray's own start of a worker takes a while.
 STUCK_GRACE = 5.0
 
-#: A row's outcome, or what to send again: one per sample of the chunk.
-Outcome = RowResult | SampleError
-
 
 def cluster_chunk(batch_size: int, tasks: int) -> int:
     """Samples per Ray task (``decode_on="ray"``): about two tasks per slot of a batch, but at
@@ -58,12 +56,20 @@ def cluster_chunk(batch_size: int, tasks: int) -> int:
 
 
 class RayDecodeStage:
-    """Decodes chunks as Ray tasks of ``session``; ``path_of(index)`` names a sample's file."""
+    """Decodes chunks of ``chunk`` samples (:func:`cluster_chunk`) as Ray tasks of
+    ``session``; ``path_of(index)`` names a sample's file. ``reads_urls``: the tasks read
+    the dataset's URLs themselves (no custom ``read``, no byte ranges). A
+    :class:`~aioloader.decode.contract.DecodeStageLike`."""
+
+    #: No probes: the answers are written into rows on the loader's side, whatever the layout.
+    probes = 0
 
     def __init__(
         self,
         session: RaySession,
         *,
+        chunk: int,
+        reads_urls: bool,
         seed: int,
         sample_timeout: float | None,
         read_retries: int,
@@ -73,6 +79,11 @@ class RayDecodeStage:
         counters: Counters,
     ) -> None:
         self._session = session
+        self.chunk = chunk
+        self.reads_urls = reads_urls
+        # Every task slot's chunk in flight: the window of batches keeps them fed, beyond
+        # the reader's limit (the tasks may read their URLs themselves).
+        self.samples_in_flight = session.bound * chunk
         self._seed = seed
         self._timeout = sample_timeout
         self._reading = Reading(storage_options, read_retries)
@@ -92,7 +103,7 @@ class RayDecodeStage:
         epoch: int,
         k: int,
         slab: Slab | None,
-        items: list[tuple[int, int, Any]],
+        items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
     ) -> list[Outcome]:
@@ -138,9 +149,7 @@ class RayDecodeStage:
         await attempt([item[0] for item in items])
         return [outcomes[item[0]] for item in items]
 
-    async def _task(
-        self, epoch: int, k: int, chunk: list[tuple[int, int, Any]]
-    ) -> tuple[Answer | None, Kind | None]:
+    async def _task(self, epoch: int, k: int, chunk: list[ChunkItem]) -> tuple[Answer | None, Kind | None]:
         """Run one task: its answer, or why there is none."""
         assert self._slots is not None
         async with self._slots.slot((k, chunk[0][0])):
@@ -189,7 +198,7 @@ class RayDecodeStage:
 
     def _take(
         self,
-        chunk: list[tuple[int, int, Any]],
+        chunk: list[ChunkItem],
         answer: Answer,
         writer: RowWriter | None,
         outcomes: dict[int, Outcome],

@@ -51,7 +51,16 @@ class ImageDecoder:
     is wrong from the damaged block row down.
 
     Picklable (plain attributes), so it can be sent to worker processes.
+
+    Trusted code, so it declares ``hot_start``: while a loader's workers boot, it may also
+    decode on a thread of the loader's process, so the first batch does not wait for them
+    (a subclass inherits that). A decoder that does not declare it, a user's function among
+    them, runs only in the workers.
     """
+
+    #: Declared trusted: may decode on a thread of the loader's process while the workers
+    #: boot (hot start; :func:`aioloader.decode.contract.declares_hot_start`).
+    hot_start = True
 
     def __init__(
         self,

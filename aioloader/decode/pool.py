@@ -17,16 +17,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from types import ModuleType
 from typing import Any
 
 from aioloader.base.semnames import named_for_this_process
 from aioloader.decode import worker as _worker
+from aioloader.decode.faults import Breakage, describe_deaths
 from aioloader.decode.protocol import Chunk
 from aioloader.errors import LoaderError, WorkerCrashedError
 from aioloader.memory.results import RowResult
@@ -65,16 +64,6 @@ def main_imports() -> list[str]:
         if isinstance(name, str) and name not in ("__main__", "builtins") and not name.startswith("_"):
             names.add(name)
     return sorted(names)
-
-
-@dataclass(frozen=True)
-class Breakage:
-    """What broke the pool once: ``dead``, ``{pid: exit code}`` of the workers that died
-    (killed for a timeout included), and ``timed_out``, every pid the loader killed for
-    ``sample_timeout``."""
-
-    dead: dict[int, int]
-    timed_out: frozenset[int]
 
 
 class DecodePool:
@@ -267,17 +256,6 @@ class DecodePool:
         self._starter.join()  # bounded: the fork server answers or fails
         if self._executor is not None:
             _close_executor(self._executor, grace)
-
-
-def describe_deaths(codes: Mapping[int, int | None]) -> str:
-    """``"pid 12 died of SIGKILL"``, ``"pid 12 exited with code 3"``, joined."""
-    parts = []
-    for pid, code in sorted(codes.items()):
-        if code is not None and code < 0:
-            parts.append(f"pid {pid} died of {signal.Signals(-code).name}")
-        else:
-            parts.append(f"pid {pid} exited with code {code}")
-    return ", ".join(parts) or "(unknown pid) died"
 
 
 def _processes(executor: ProcessPoolExecutor) -> list[Any]:

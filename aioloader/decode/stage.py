@@ -10,9 +10,10 @@ that ends it. On the way it
 - with ``sample_timeout``, kills the worker of a row decoding for longer than that (the
   slab's status table says which worker and since when);
 - after a worker death, asks the pool what broke it and resubmits what is left exactly
-  once per death: a row whose worker was killed for a timeout fails with
-  :class:`LoaderTimeoutError`, a row that was on a crashing worker twice is a poison sample
-  (:class:`DecodeError` naming pid and signal), every other row is decoded again.
+  once per death, each row judged by :mod:`aioloader.decode.faults`: a row whose worker
+  was killed for a timeout fails with :class:`LoaderTimeoutError`, a row that was on a
+  crashing worker twice is a poison sample (:class:`DecodeError` naming pid and signal),
+  every other row is decoded again.
 """
 
 from __future__ import annotations
@@ -25,34 +26,41 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from aioloader.decode.pool import DecodePool, describe_deaths
+from aioloader.decode.contract import ChunkItem, Outcome
+from aioloader.decode.faults import sort_out
+from aioloader.decode.pool import DecodePool
 from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import NotLoaded, decode_chunk
-from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
-from aioloader.memory.results import Failed, RowResult, Source
+from aioloader.errors import DecodeError, LoaderError
+from aioloader.memory.results import Failed, RowResult
 from aioloader.memory.slabs import Slab
 from aioloader.memory.slots import OrderedSlots
 from aioloader.observe.stages import StageMeter
 
 __all__ = ["DecodeStage", "Outcome", "decode_error"]
 
-#: What became of one sample: its result, or the error that ends it.
-Outcome = RowResult | SampleError
-
 
 class DecodeStage:
-    """Decodes chunks on ``pool``; ``path_of(index)`` names a sample's file in errors.
+    """Decodes chunks on ``pool``, ``chunk`` samples a task; ``path_of(index)`` names a
+    sample's file in errors. A :class:`~aioloader.decode.contract.DecodeStageLike`.
 
-    ``hot``: the decoder is trusted code (the built-in ``ImageDecoder``) that may run on
-    ``local`` (a thread of this process) until every worker has started. ``on_restart`` is
-    told the pool's restart count after each rebuild.
+    ``hot``: the decoder is trusted code that declares ``hot_start``
+    (:func:`~aioloader.decode.contract.declares_hot_start`, the built-in ``ImageDecoder``)
+    and may run on ``local`` (a thread of this process) until every worker has started.
+    ``on_restart`` is told the pool's restart count after each rebuild.
     """
+
+    #: The reader's reads feed the workers: no samples in flight of the stage's own.
+    samples_in_flight = 0
+    #: URLs are read by the reader, on the loader's loop.
+    reads_urls = False
 
     def __init__(
         self,
         decode: Callable[[bytes], Any],
         pool: DecodePool,
         *,
+        chunk: int,
         seed: int,
         sample_timeout: float | None,
         path_of: Callable[[int], str],
@@ -67,6 +75,10 @@ class DecodeStage:
         # queue (at most one chunk) and its decode; not the wait for a slot.
         self._meter = meter if meter is not None else StageMeter("decode")
         self._pool = pool
+        self.chunk = chunk
+        # One probe per worker: the first to finish teaches the layout, a slow one holds up
+        # no worker.
+        self.probes = pool.num_workers
         self._seed = seed
         self._timeout = sample_timeout
         self._path_of = path_of
@@ -102,7 +114,7 @@ class DecodeStage:
         epoch: int,
         k: int,
         slab: Slab | None,
-        items: list[tuple[int, int, Source]],
+        items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
     ) -> list[Outcome]:
@@ -125,42 +137,37 @@ class DecodeStage:
         crashes: dict[int, int] = {}
         results = await self._here(chunk, slab, inputs)
         while results is None and chunk.items:
-            slots = self._open_slots()
-            async with slots.slot((k, chunk.items[0][0])):
-                fut, generation = self._pool.submit(chunk)
-                try:
-                    with self._meter.timed(per=len(chunk.items)):
-                        results = await self._watch(fut, slab, chunk)
-                    break
-                except BrokenProcessPool:
-                    pass
-                except NotLoaded as exc:  # this loader's decode does not unpickle there
-                    raise self._pool.not_loaded(exc) from None
-            paths = [self._path_of(i) for _, i, _ in chunk.items]
-            broke = await self._pool.recover(generation, paths)
+            results, generation = await self._on_workers(k, chunk, slab)
+            if results is not None:
+                break
+            # The pool broke under the chunk: rebuilt, then each row judged by the worker
+            # it was on (decode/faults.py); what is left is resubmitted, once per death.
+            broke = await self._pool.recover(generation, [self._path_of(i) for _, i, _ in chunk.items])
             self._on_restart(self._pool.restarts)
-            left = []
-            for item in chunk.items:
-                row, index = item[0], item[1]
-                pid = slab.status.busy(row)[0] if slab is not None else 0
-                path = self._path_of(index)
-                if pid and pid in broke.timed_out:
-                    outcomes[row] = LoaderTimeoutError(
-                        f"decode took longer than sample_timeout={self._timeout}s", path=path, index=index
-                    )
-                elif pid and pid in broke.dead:
-                    crashes[row] = crashes.get(row, 0) + 1
-                    if crashes[row] < 2:
-                        left.append(item)
-                        continue
-                    why = describe_deaths({pid: broke.dead[pid]})
-                    outcomes[row] = DecodeError(f"decode worker {why}, twice", path=path, index=index)
-                else:
-                    left.append(item)
-            chunk = dataclasses.replace(chunk, items=left)
+            pids = [slab.status.busy(row)[0] if slab is not None else 0 for row, _, _ in chunk.items]
+            judged = sort_out(chunk.items, pids, broke, crashes, timeout=self._timeout, path_of=self._path_of)
+            outcomes.update(judged.ended)
+            crashes = judged.crashes
+            chunk = dataclasses.replace(chunk, items=judged.again)
         for (row, index, _), res in zip(chunk.items, results or [], strict=True):
             outcomes[row] = decode_error(res, self._path_of(index), index) if isinstance(res, Failed) else res
         return [outcomes[row] for row, _, _ in items]
+
+    async def _on_workers(
+        self, k: int, chunk: Chunk, slab: Slab | None
+    ) -> tuple[list[RowResult] | None, int]:
+        """One try of ``chunk`` on the workers, once a slot is granted (in epoch order): its
+        results, or None where the pool broke under it; and the pool's generation it was
+        submitted to."""
+        async with self._open_slots().slot((k, chunk.items[0][0])):
+            fut, generation = self._pool.submit(chunk)
+            try:
+                with self._meter.timed(per=len(chunk.items)):
+                    return await self._watch(fut, slab, chunk), generation
+            except BrokenProcessPool:
+                return None, generation
+            except NotLoaded as exc:  # this loader's decode does not unpickle there
+                raise self._pool.not_loaded(exc) from None
 
     def _open_slots(self) -> OrderedSlots:
         if self._slots is None:

@@ -12,22 +12,19 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
-from aioloader.cluster.session import RaySession
-from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
-from aioloader.decode.image import ImageDecoder
-from aioloader.decode.pool import DecodePool
-from aioloader.decode.stage import DecodeStage
+from aioloader.decode.contract import ChunkItem, DecodeStageLike
 from aioloader.engine import sizing
 from aioloader.engine.assemble import Assembler
+from aioloader.engine.batch import BatchSlabs, BatchWork
 from aioloader.engine.failures import FailurePolicy
+from aioloader.engine.opening import Opening
 from aioloader.engine.sizing import SizeTracker, pooled_arenas, pooled_slabs
-from aioloader.engine.tasks import Opening, cancel, gather_or_cancel
+from aioloader.engine.tasks import cancel, gather_or_cancel
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
 from aioloader.memory.layout import LayoutTracker, declared_layout
 from aioloader.memory.results import Pickled, RowResult, Source, layout_evidence
@@ -46,10 +43,12 @@ class Engine:
     """Produces the batches of one epoch into a queue (see :meth:`produce`).
 
     The stages each have one small interface: ``reader.fetch`` (read one sample, or a
-    :class:`SampleError`), ``decoder.run`` (decode a chunk: a result or an error per
-    sample) and ``assembler.assemble`` (rows to a batch); ``policy`` decides what a failed
-    sample does. The engine keeps the batch window, the order of delivery, the chunking of
-    a batch over the workers, and what the slabs of the next batches look like.
+    :class:`SampleError`), ``stage.run`` (decode a chunk: a result or an error per sample;
+    any :class:`~aioloader.decode.contract.DecodeStageLike`, chosen where the loader is
+    built, or None with ``decode=None``) and ``assembler.assemble`` (rows to a batch);
+    ``policy`` decides what a failed sample does. The engine keeps the batch window, the
+    order of delivery, the chunking of a batch over the workers, and what the slabs of the
+    next batches look like.
     """
 
     def __init__(
@@ -57,12 +56,11 @@ class Engine:
         config: LoaderConfig,
         dataset: FileDataset,
         reader: FileReader,
-        pool: DecodePool | None,
+        stage: DecodeStageLike | None,
         slabs: SlabPool | None,
         collate_pool: ThreadPoolExecutor,
         counters: Counters,
         trainer_pid: int | None = None,
-        cluster: RaySession | None = None,
         inputs: SlabPool | None = None,
     ) -> None:
         self._cfg = config
@@ -72,92 +70,56 @@ class Engine:
         # Input arenas (slabs without rows): a batch's file bytes, from its reads until its
         # samples are decoded, in a pool of their own sized to the window, so the slabs
         # queued and held by the trainer do not each keep a batch of file bytes.
-        self._inputs = inputs if cluster is None else None
+        self._inputs = inputs
         self._counters = counters
         self.policy = FailurePolicy(config.on_error, config.max_failures, counters)
-        self._decoder: DecodeStage | RayDecodeStage | None = None
-        # decode_on="ray": the tasks read the dataset's URLs themselves (not a custom read,
-        # nor byte ranges of a file), and local files cross as bytes, not through a slab's arena.
-        self._cluster_reads = cluster is not None and config.read is None and not dataset.has_spans
-        self._cluster_tasks = 0
-        if cluster is not None:
-            self._decoder = RayDecodeStage(
-                cluster,
-                seed=config.seed,
-                sample_timeout=config.sample_timeout,
-                read_retries=config.read_retries,
-                storage_options=config.storage_options,
-                io_concurrency=config.io_concurrency,
-                path_of=dataset.path,
-                counters=counters,
-            )
-            self._cluster_tasks = cluster.bound
-        elif pool is not None:
-            assert config.decode is not None
-            self._decoder = DecodeStage(
-                config.decode,
-                pool,
-                seed=config.seed,
-                sample_timeout=config.sample_timeout,
-                path_of=dataset.path,
-                hot=isinstance(config.decode, ImageDecoder),
-                local=collate_pool,
-                on_restart=counters.set_worker_restarts,
-                meter=counters.meters["decode"],
-                forget=self._closed_slabs,
-            )
+        #: The decode stage (chosen where the loader is built); None with ``decode=None``.
+        self._stage = stage
         self._assembler = Assembler(
             dataset.labels, slabs, config.collate, config.zero_copy, collate_pool, counters.meters["collate"]
         )
-        self._probes = pool.num_workers if isinstance(self._decoder, DecodeStage) and pool else 0
         self._layout = LayoutTracker(declared_layout(config.decode))
         self._trim = heap.BurstTrim()
         self._sizes = SizeTracker(config.batch_size)
         self._plan_slabs()
-        # Samples per decode task: one round trip to a worker is amortised over a chunk, and
-        # a batch still spreads over every worker (two chunks each). Without decoding, a
-        # batch is one chunk: its reads are all there is to it.
-        workers = config.num_workers if pool is not None else 0
-        if cluster is not None:
-            self.chunk = cluster_chunk(config.batch_size, cluster.tasks)
-        else:
-            self.chunk = sizing.chunk_size(config.batch_size, workers)
+        # Samples per decode task: the stage's. Without decoding, a batch is one chunk: its
+        # reads are all there is to it.
+        self.chunk = stage.chunk if stage is not None else config.batch_size
         #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
-        self.tuner = (
-            Tuner(
-                config,
-                reader,
-                self._decoder,
-                counters.meters,
-                chunk=self.chunk,
-                bytes_per_sample=self._bytes_per_sample,
-                memory_budget=memory_budget(),
-                trainer_pids=trainer_pids(trainer_pid),
-                on_io=self._io_moved,
-            )
-            if config.autotuned
-            else None
+        self.tuner = self._tuner(trainer_pid) if config.autotuned else None
+
+    def _tuner(self, trainer_pid: int | None) -> Tuner:
+        return Tuner(
+            self._cfg,
+            self._reader,
+            self._stage,
+            self._counters.meters,
+            chunk=self.chunk,
+            bytes_per_sample=self._bytes_per_sample,
+            memory_budget=memory_budget(),
+            trainer_pids=trainer_pids(trainer_pid),
+            on_io=self._io_moved,
         )
+
+    @property
+    def _stage_in_flight(self) -> int:
+        """Samples the decode stage keeps in flight beyond the reader's limit (Ray tasks)."""
+        return self._stage.samples_in_flight if self._stage is not None else 0
 
     @property
     def window(self) -> int:
         """Batches under construction: enough to keep every read slot busy (the reader's
         limit now), at least two so the next batch starts while the current one finishes."""
-        io = max(self._reader.io_concurrency, self._cluster_tasks * self.chunk)
+        io = max(self._reader.io_concurrency, self._stage_in_flight)
         return sizing.window_size(io, self._cfg.batch_size)
 
     def _io_moved(self, io: int) -> None:
         """The read limit moved: so do the window and the slabs and arenas kept for it."""
-        io = max(io, self._cluster_tasks * self.chunk)
+        io = max(io, self._stage_in_flight)
         if self._slabs is not None:
             self._slabs.set_pooled(pooled_slabs(io, self._cfg.batch_size, self._cfg.prefetch))
         if self._inputs is not None:
             self._inputs.set_pooled(pooled_arenas(io, self._cfg.batch_size))
-
-    def _closed_slabs(self) -> tuple[str, ...]:
-        """Slabs and arenas closed lately, that the workers still map (see ``Chunk.forget``)."""
-        pools = (self._slabs, self._inputs)
-        return tuple(name for pool in pools if pool is not None for name in pool.recently_closed())
 
     def _bytes_per_sample(self) -> int:
         """What a sample in flight holds: its file's share of the input arena and its
@@ -216,7 +178,7 @@ class Engine:
                 while todo and len(building) < self.window:
                     task = asyncio.ensure_future(self._batch(plan, todo.popleft(), opening, first))
                     if first:
-                        task.add_done_callback(lambda _: opening.open())
+                        task.add_done_callback(lambda _: opening.batch_done())
                         first = False
                     building.append(task)
                 if cfg.ordered:
@@ -235,118 +197,109 @@ class Engine:
         finally:
             await cancel(building)
 
-    async def _batch(
-        self, plan: EpochPlan, k: int, opening: Opening | None = None, first: bool = True
-    ) -> Batch:
+    async def _batch(self, plan: EpochPlan, k: int, opening: Opening, first: bool) -> Batch:
         """Read, decode and assemble batch ``k``, the epoch's ``first`` or a later one."""
         indices: list[int] = plan.batch(k).tolist()
         # The rows slab: taken now by the first batch; by a later one when its first chunk
         # is to be decoded, once the epoch's opening is open (see _run: the layout it gets).
-        box = [self._slabs.acquire() if self._slabs is not None and first else None]
-        inputs = self._inputs.acquire() if self._inputs is not None else None
+        slabs = BatchSlabs(self._slabs, self._inputs, take_rows=first)
+        work = BatchWork(plan.epoch, k, indices, first, slabs)
         try:
-            results: list[RowResult | None] = [None] * len(indices)
-            rows = range(len(indices))
-            # While the layout is unknown, the first batch's first samples decode alone, one
-            # per worker (probes), and the first to finish teaches it; the batch's other
-            # chunks then decode into rows, not back pickled. A slow probe holds up no worker.
-            probes = self._probes if first and opening is not None and opening.need_layout else 0
-            cuts = sizing.chunk_cuts(len(indices), self.chunk, probes)
-            probes = min(probes, len(cuts))
-            if first and opening is not None:
-                opening.chunks = len(cuts)
-                opening.probing(probes)
-            tasks = [
-                self._chunk(plan.epoch, k, box, inputs, indices, rows[a:b], results, opening, first, probes)
-                for a, b in cuts
-            ]
-            for i in range(probes):  # however a probe ends, the chunks waiting for it go on
-                tasks[i] = opening.probe_with(tasks[i])  # type: ignore[union-attr]
-            await gather_or_cancel(tasks)
-            self._assembler.settle_probes(results, probes, box[0])
-            if inputs is not None:  # decoded: the file bytes are no longer needed
-                self._inputs.release(inputs)  # type: ignore[union-attr]
-                inputs = None
-            self._learn(results, box[0])
-            batch, box[0] = await self._assembler.assemble(k, indices, results, box[0])
+            await self._decode_batch(work, opening)
+            self._assembler.settle_probes(work.results, work.probes, slabs.rows)
+            slabs.decoded()
+            self._learn(work.results, slabs.rows)
+            batch, slabs.rows = await self._assembler.assemble(k, indices, work.results, slabs.rows)
             return batch
         except BaseException:
-            for written in (*box, inputs):  # a worker or a read may still write into it
-                if written is not None:
-                    written.tainted = True  # never reused
+            slabs.taint()
             raise
         finally:
-            for slab in box:  # box[1:]: the slabs the probes ran with, before the layout
-                if slab is not None:
-                    self._slabs.release(slab)  # type: ignore[union-attr]
-            if inputs is not None:
-                self._inputs.release(inputs)  # type: ignore[union-attr]
+            slabs.release()
 
-    async def _chunk(
-        self,
-        epoch: int,
-        k: int,
-        box: list[Slab | None],
-        inputs: Slab | None,
-        indices: list[int],
-        rows: range,
-        results: list[RowResult | None],
-        opening: Opening | None,
-        first: bool,
-        probes: int = 0,
-    ) -> None:
-        """Read the files of ``rows`` concurrently, then decode them in one worker task
-        (``probes``: the batch's first rows, each decoded alone to teach the layout; its
-        other chunks wait for that, then decode into a slab of the layout learned)."""
-        items: list[tuple[int, int, Any]]
-        if self._cluster_reads:  # URLs go to the Ray tasks as they are
-            paths = self._ds.paths_of([indices[r] for r in rows])
-            urls = [(r, indices[r], p) for r, p in zip(rows, paths, strict=True) if is_remote(p)]
-            here = [r for r, p in zip(rows, paths, strict=True) if not is_remote(p)] if urls else rows
-            if urls:
-                self.policy.attempted(len(urls))
-            sources = await self._read(indices, here, inputs) if here else []
-            items = [(r, indices[r], src) for r, src in zip(here, sources, strict=True) if src is not None]
-            items = sorted(items + urls) if urls else items
-        else:
-            sources = await self._read(indices, rows, inputs)
-            items = [(r, indices[r], src) for r, src in zip(rows, sources, strict=True) if src is not None]
+    async def _decode_batch(self, work: BatchWork, opening: Opening) -> None:
+        """Every chunk of the batch read and decoded, the probes first (the first batch's,
+        while the layout is to learn: one sample each, the first to finish teaches it; the
+        batch's other chunks then decode into rows, not back pickled. A slow probe holds up
+        no worker)."""
+        probes = 0
+        if self._stage is not None and work.first and opening.need_layout:
+            probes = self._stage.probes
+        cuts = sizing.chunk_cuts(len(work.indices), self.chunk, probes)
+        work.probes = min(probes, len(cuts))
+        if work.first:
+            opening.cut(len(cuts), work.probes)
+        rows = range(len(work.indices))
+        tasks = [self._chunk(work, rows[a:b], opening) for a, b in cuts]
+        for i in range(work.probes):  # however a probe ends, the chunks waiting for it go on
+            tasks[i] = opening.probe_with(tasks[i])
+        await gather_or_cancel(tasks)
+
+    async def _chunk(self, work: BatchWork, rows: range, opening: Opening) -> None:
+        """Read the files of ``rows`` concurrently, take the chunk's turn in the epoch's
+        opening, then decode them in one task."""
+        items = await self._items(work, rows)
         # A chunk of the first batch counts as ready for the later batches once it is about
         # to ask for a decode slot: a probe's follower only after the probes, so that the
         # later batches, let in by the last of them, ask after every chunk of the first.
-        follower = rows[0] >= probes > 0 and opening is not None
-        if first and opening is not None and (not follower or not items):
+        follower = work.first and rows[0] >= work.probes > 0
+        if work.first and (not follower or not items):
             opening.chunk_read()
         if not items:
             return
-        if self._decoder is None:  # decode=None: the sample is the file's bytes
+        if self._stage is None:  # decode=None: the sample is the file's bytes
             for r, _, src in items:
-                results[r] = Pickled(src)
+                work.results[r] = Pickled(src)
             return
-        if not first and opening is not None:
-            await opening.wait((k, rows[0]))
-        if follower and opening is not None:
+        await self._turn(work, rows[0], follower, opening)
+        await self._decode(self._stage, work, items, opening)
+
+    async def _items(self, work: BatchWork, rows: range) -> list[ChunkItem]:
+        """The chunk's samples to decode, ``(row, index, source)`` in row order: the files
+        read here, and the URLs as they are where the stage reads them itself. A sample whose
+        read failed is left out (the failure policy has it)."""
+        indices, inputs = work.indices, work.slabs.inputs
+        here: range | list[int] = rows
+        urls: list[ChunkItem] = []
+        if self._stage is not None and self._stage.reads_urls:
+            paths = self._ds.paths_of([indices[r] for r in rows])
+            urls = [(r, indices[r], p) for r, p in zip(rows, paths, strict=True) if is_remote(p)]
+            if urls:
+                here = [r for r, p in zip(rows, paths, strict=True) if not is_remote(p)]
+                self.policy.attempted(len(urls))
+        sources = await self._read(indices, here, inputs) if here else []
+        items: list[ChunkItem] = [
+            (r, indices[r], src) for r, src in zip(here, sources, strict=True) if src is not None
+        ]
+        return sorted(items + urls) if urls else items
+
+    async def _turn(self, work: BatchWork, row: int, follower: bool, opening: Opening) -> None:
+        """Wait for the chunk's turn to decode: a later batch's until the epoch's opening
+        lets it in; a follower of the first batch's probes until they taught the layout (or
+        all ended), then, with a slab of the layout learned, straight to its slot, before
+        any later batch resumes."""
+        if not work.first:
+            await opening.wait((work.k, row))
+        elif follower:
             await opening.after_probe()
-            if (
-                box[0] is not None
-                and box[0].layout.sample is None
-                and self._slabs is not None
-                and self._slabs.sample
-            ):
-                box[:1] = [self._slabs.acquire(), box[0]]  # a probe may still run with the old one
-            opening.chunk_read()  # then straight to its slot, before any later batch resumes
-        if box[0] is None and self._slabs is not None:
-            box[0] = self._slabs.acquire()
-        slab = box[0]
+            work.slabs.relayout()  # a probe may still run with the old one
+            opening.chunk_read()
+
+    async def _decode(
+        self, stage: DecodeStageLike, work: BatchWork, items: list[ChunkItem], opening: Opening
+    ) -> None:
+        """Decode ``items`` into the batch's rows slab; while the first batch still has the
+        layout to learn, learn it from this chunk alone."""
+        slab = work.slabs.rows_for_decode()
         per_sample = self._layout.out_bytes_per_sample()
         share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
-        outcomes = await self._decoder.run(epoch, k, slab, items, share, inputs)
+        outcomes = await stage.run(work.epoch, work.k, slab, items, share, work.slabs.inputs)
         for (r, _, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, SampleError):
                 self.policy.failed(outcome)
             else:
-                results[r] = outcome
-        if first and opening is not None and opening.need_layout:  # learnt from this chunk alone
+                work.results[r] = outcome
+        if work.first and opening.need_layout:
             assert slab is not None  # a layout is only to learn where there are slabs
             self._observe([o for o in outcomes if not isinstance(o, SampleError)], slab)
             self._plan_slabs()
@@ -359,7 +312,7 @@ class Engine:
         """The bytes of the samples in ``rows`` (into the batch's input arena when decoding
         locally); None for a sample that failed and is skipped."""
         self.policy.attempted(len(rows))
-        arena = inputs.input if inputs is not None and self._decoder is not None else None
+        arena = inputs.input if inputs is not None and self._stage is not None else None
         chosen = [indices[r] for r in rows]
         items = list(zip(chosen, self._ds.paths_of(chosen), strict=True))
         spans = [self._ds.span(index) for index in chosen] if self._ds.has_spans else None

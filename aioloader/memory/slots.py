@@ -21,7 +21,7 @@ __all__ = ["OrderedSlots", "OrderedWaiters"]
 class OrderedWaiters:
     """Futures that wait to be woken smallest ``key`` first (ties: first come), the one
     ordered-waiters structure of the package: decode and read slots (:class:`OrderedSlots`)
-    and an epoch's opening (:class:`aioloader.engine.tasks.Opening`) both keep theirs here.
+    and an epoch's opening (:class:`aioloader.engine.opening.Opening`) both keep theirs here.
     A waiter that was cancelled is passed over. Loop-bound."""
 
     def __init__(self) -> None:

@@ -19,6 +19,7 @@ from aioloader.cluster.session import RaySession
 from aioloader.config import LoaderConfig, usable_cpus
 from aioloader.dataset import FileDataset
 from aioloader.decode.pool import DecodePool
+from aioloader.engine.decoding import decode_stage
 from aioloader.engine.epoch import Engine, pooled_arenas, pooled_slabs
 from aioloader.memory.layout import declared_layout
 from aioloader.memory.segments import FDS_PER_SLAB, MEMFD, choose_kind
@@ -173,9 +174,9 @@ def build(
         workers=workers,
     )
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
-    engine = Engine(
-        config, dataset, reader, pool, slabs, collate_pool, counters, trainer_pid, cluster, inputs=inputs
-    )
+    # The decode stage, chosen here once: the engine never asks which it is.
+    stage = decode_stage(config, dataset, counters, pool, cluster, collate_pool, (slabs, inputs))
+    engine = Engine(config, dataset, reader, stage, slabs, collate_pool, counters, trainer_pid, inputs=inputs)
     if slabs is not None and cluster is not None:
         slabs.set_pooled(pooled_slabs(engine.window * config.batch_size, config.batch_size, config.prefetch))
     if workers is not None:  # last: nothing after it can fail and leave them running

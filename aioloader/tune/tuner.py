@@ -18,9 +18,8 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from aioloader.cluster.stage import RayDecodeStage
 from aioloader.config import LoaderConfig, usable_cpus
-from aioloader.decode.stage import DecodeStage
+from aioloader.decode.contract import DecodeStageLike
 from aioloader.observe.stages import StageMeter, StageStats
 from aioloader.read.reader import FileReader
 from aioloader.tune.rules import (
@@ -75,7 +74,7 @@ class Tuner:
         self,
         config: LoaderConfig,
         reader: FileReader,
-        decoder: DecodeStage | RayDecodeStage | None,
+        decoder: DecodeStageLike | None,
         meters: dict[str, StageMeter],
         *,
         chunk: int,

@@ -1,0 +1,89 @@
+"""The decode stage's contract: what the engine and the tuner ask of a decode stage, whoever
+decodes (this machine's worker processes, :class:`~aioloader.decode.stage.DecodeStage`; Ray
+tasks, :class:`~aioloader.cluster.stage.RayDecodeStage`; a GPU stage next).
+
+A stage is chosen once, where the loader is built
+(:func:`aioloader.engine.decoding.decode_stage`); the engine then holds a
+:class:`DecodeStageLike` (or nothing, with ``decode=None``) and never asks which stage it
+is, nor which class the user's decoder is: what differs between stages is said here, as
+numbers and flags the stage declares. Pure: no I/O, no loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from aioloader.errors import SampleError
+from aioloader.memory.results import RowResult
+
+if TYPE_CHECKING:
+    from aioloader.memory.slabs import Slab
+
+__all__ = ["ChunkItem", "DecodeStageLike", "Outcome", "declares_hot_start"]
+
+#: What became of one sample: its result, or the error that ends it.
+Outcome = RowResult | SampleError
+
+#: One sample of a chunk: ``(row in its batch, dataset index, source)``. The source is the
+#: file's bytes, its ``(offset, size)`` in the batch's input arena, or, for a stage that
+#: reads URLs itself (:attr:`DecodeStageLike.reads_urls`), the URL as a string.
+ChunkItem = tuple[int, int, Any]
+
+
+@runtime_checkable
+class DecodeStageLike(Protocol):
+    """A decode stage: one chunk of a batch in, one :data:`Outcome` per sample out.
+
+    Invariants every stage keeps: :meth:`run` returns exactly one outcome per item, in the
+    items' order; a sample's failure is its outcome, never an exception (what :meth:`run`
+    raises ends the whole loader: a :class:`~aioloader.LoaderError`, or a cancellation);
+    chunks ask for the stage's decode slots keyed ``(batch, first row)``, and the stage grants
+    them in that (epoch) order, never by arrival. Loop-bound: every method runs on the
+    loader's event loop.
+    """
+
+    #: Samples per decode task, fixed for the loader's life (1 <= chunk <= batch_size): the
+    #: engine cuts each batch into chunks of this many rows (after the first batch's probes).
+    chunk: int
+    #: Samples of an epoch's first batch that decode alone, one per task, while the slabs'
+    #: layout is still unknown (the first to finish teaches it; the batch's other chunks then
+    #: decode straight into rows). A local pool: its worker count (one probe per worker);
+    #: 0 for a stage that writes rows on the loader's side whatever the layout (Ray).
+    probes: int
+    #: Samples the engine's window of batches must keep in flight, beyond the reader's limit,
+    #: for this stage to be busy: its task slots times :attr:`chunk` where its tasks may read
+    #: for themselves (Ray: ``2 x tasks`` slots); 0 where the reader's reads feed it (a local
+    #: pool).
+    samples_in_flight: int
+    #: True: the stage reads the dataset's URLs itself (they reach :meth:`run` as strings,
+    #: not read by the reader). Never with a custom ``read`` or byte ranges of a file.
+    reads_urls: bool
+    #: Decoders at work now (processes or tasks); :meth:`set_workers` moves it.
+    active: int
+
+    def set_workers(self, active: int) -> None:
+        """Let ``active`` decoders work at once (``num_workers="auto"``), clamped to what the
+        stage has (at least 1); a stage whose decoders are not tuned ignores it."""
+
+    async def run(
+        self,
+        epoch: int,
+        k: int,
+        slab: Slab | None,
+        items: list[ChunkItem],
+        out: tuple[int, int] | None = None,
+        inputs: Slab | None = None,
+    ) -> list[Outcome]:
+        """Decode ``items`` of batch ``k`` of ``epoch`` into ``slab``'s rows (or, with no
+        layout, its output area at ``out``: ``(offset, bytes)``, this chunk's share; or
+        pickled, without a slab). ``inputs``: the input arena the ``(offset, size)``
+        sources lie in. One outcome per item, in order."""
+        ...
+
+
+def declares_hot_start(decode: Any) -> bool:
+    """Whether ``decode`` declares itself trusted code that may also run on a thread of the
+    loader's process while the workers boot (hot start): a class attribute
+    ``hot_start = True``, as the built-in :class:`~aioloader.ImageDecoder` (and so every
+    subclass of it) has. Anything else, a user's function among them, is never hot."""
+    return getattr(decode, "hot_start", False) is True

@@ -1,0 +1,93 @@
+"""One batch under construction: the shared memory it holds (:class:`BatchSlabs`) and what
+its chunks share while they read and decode (:class:`BatchWork`). Loop-bound, no waiting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aioloader.memory.results import RowResult
+from aioloader.memory.slabs import Slab, SlabPool
+
+__all__ = ["BatchSlabs", "BatchWork"]
+
+
+class BatchSlabs:
+    """The slabs one batch holds while it is built, from ``rows_pool`` and ``inputs_pool``.
+
+    - :attr:`rows`: the rows slab its chunks decode into and it is assembled from. The
+      epoch's first batch takes it at once (``take_rows``); a later batch when its first
+      chunk is about to decode, once the epoch's opening let it in, so that it gets the
+      layout the first batch taught (:meth:`rows_for_decode`).
+    - :attr:`earlier`: rows slabs taken before the layout was learned, that a probe may
+      still be decoding into (:meth:`relayout`); given back with the batch, newest first.
+    - :attr:`inputs`: the input arena its files are read into, until its samples are
+      decoded (:meth:`decoded`).
+
+    Whatever ends the batch, :meth:`release` gives every slab back once; after a failure or
+    a cancellation, :meth:`taint` first marks them never to be reused, since a worker or a
+    read may still write into them.
+    """
+
+    def __init__(self, rows_pool: SlabPool | None, inputs_pool: SlabPool | None, take_rows: bool) -> None:
+        self._rows_pool, self._inputs_pool = rows_pool, inputs_pool
+        self.rows = rows_pool.acquire() if rows_pool is not None and take_rows else None
+        self.earlier: list[Slab] = []
+        self.inputs = inputs_pool.acquire() if inputs_pool is not None else None
+
+    def rows_for_decode(self) -> Slab | None:
+        """The rows slab a chunk decodes into, taken now if the batch has none yet (None
+        where samples cross pickled: no slabs at all)."""
+        if self.rows is None and self._rows_pool is not None:
+            self.rows = self._rows_pool.acquire()
+        return self.rows
+
+    def relayout(self) -> None:
+        """A probe taught the layout after :attr:`rows` was taken without one: the chunks
+        still to decode get a slab of that layout, and the old one is kept until the batch
+        ends (a probe may still decode into it)."""
+        old, pool = self.rows, self._rows_pool
+        if old is not None and old.layout.sample is None and pool is not None and pool.sample:
+            self.rows = pool.acquire()
+            self.earlier.insert(0, old)
+
+    def decoded(self) -> None:
+        """Every sample is decoded: the file bytes are no longer needed."""
+        if self.inputs is not None:
+            assert self._inputs_pool is not None
+            self._inputs_pool.release(self.inputs)
+            self.inputs = None
+
+    def taint(self) -> None:
+        """Never reuse any of them: a worker or a read may still write into them."""
+        for slab in (self.rows, *self.earlier, self.inputs):
+            if slab is not None:
+                slab.tainted = True
+
+    def release(self) -> None:
+        """Give back every slab still held: the rows slab (unless the batch handed it out),
+        the earlier ones, the input arena."""
+        held, self.rows, self.earlier = [self.rows, *self.earlier], None, []
+        for slab in held:
+            if slab is not None:
+                assert self._rows_pool is not None
+                self._rows_pool.release(slab)
+        self.decoded()
+
+
+@dataclass
+class BatchWork:
+    """Batch ``k`` of ``epoch`` while its chunks read and decode: its dataset ``indices``,
+    whether it is the epoch's ``first``, its slabs, and ``results`` (a row's result, None
+    while undecoded or once failed). ``probes``: its first rows, each decoded alone to
+    teach the layout (the first batch's only)."""
+
+    epoch: int
+    k: int
+    indices: list[int]
+    first: bool
+    slabs: BatchSlabs
+    results: list[RowResult | None] = field(init=False)
+    probes: int = 0
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.indices)
