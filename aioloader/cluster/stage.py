@@ -48,10 +48,10 @@ STUCK_GRACE = 5.0
 
 def cluster_chunk(batch_size: int, tasks: int) -> int:
     """Samples per Ray task (``decode_on="ray"``): about two tasks per slot of a batch, but at
-    least 32 (or the batch) and at most 128. A Ray task costs the trainer's process about
-    3 ms to submit and unpack whatever its size (benchmarks/RESULTS.md section 22), so a
-    chunk of 32 keeps that near 0.1 ms per sample; a large cluster gets enough tasks in
-    flight from a wider window of batches (the engine's ``window``), not smaller chunks."""
+    least 32 (or the batch) and at most 128. A Ray task costs the trainer's process a fixed
+    time to submit and unpack whatever its size (benchmarks/RESULTS.md section 22), which a
+    chunk of 32 spreads thin per sample; a large cluster gets enough tasks in flight from a
+    wider window of batches (the engine's ``window``), not smaller chunks."""
     return min(batch_size, max(32, min(128, math.ceil(batch_size / (2 * max(1, tasks))))))
 
 

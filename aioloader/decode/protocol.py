@@ -39,8 +39,9 @@ class Chunk:
     forget: tuple[str, ...] = ()
 
     # Every task and every answer crosses a pipe pickled, several per batch: a slotted
-    # dataclass pickles through its __getstate__ (a dict of its fields), five times slower
-    # than a constructor call. ``tests/test_protocol.py`` round-trips each field.
+    # dataclass pickles through its __getstate__ (a dict of its fields), several times
+    # slower than a constructor call (RESULTS, "Figures moved out of the code").
+    # ``tests/test_protocol.py`` round-trips each field.
     def __reduce__(self) -> tuple[Any, ...]:
         fields = (self.slab, self.layout, self.items, self.seed, self.epoch)
         return (Chunk, (*fields, self.out, self.inputs, self.inputs_at, self.forget))

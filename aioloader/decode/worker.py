@@ -104,9 +104,9 @@ def worker_init(decode: bytes) -> None:
         _not_loaded = traceback.format_exc()
     pil = sys.modules.get("PIL.Image")
     if pil is not None:
-        # Pillow registers its common formats (JPEG, PNG, BMP, GIF) on the first open: 10-12 ms
-        # of imports that would delay the first batch. Done here, before any task arrives,
-        # while the first files are still being read.
+        # Pillow registers its common formats (JPEG, PNG, BMP, GIF) on the first open: imports
+        # that would delay the first batch. Done here, before any task arrives, while the
+        # first files are still being read.
         pil.preinit()
 
 
