@@ -11,7 +11,9 @@ trainer keeping only the bridge. Above the engine, below ``loader.py``.
 | ``spills.py`` | the loader process's segments for spilled arrays, reused once the trainer lets go |
 | ``pipeline.py`` | the loading parts (reader, decode pool, slabs, collate thread, engine), built and closed |
 | ``bridge.py`` | stage 6's ``aioloader-transfer`` thread and the per-epoch ``Run`` |
-| ``device.py`` | the device copy: pinned staging, side stream, events, ``record_stream`` |
+| ``device.py`` | the device copy: side stream, events, ``record_stream``, slabs held until copied |
+| ``pinning.py`` | the trainer's slab mappings page-locked once for their life (``cudaHostRegister``) |
+| ``staging.py`` | the fallback: pinned staging buffers filled by a single-threaded copy |
 | ``handoff.py`` | the bridge -> trainer hand-off, for threads and coroutines |
 | ``cursor.py`` | the consumer's side of a run: the ``for`` and ``async for`` iterators |
 """

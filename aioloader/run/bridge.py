@@ -131,7 +131,11 @@ class Bridge:
                             err = LoaderError(f"copying batch {item.index} to {where} failed: {exc}")
                             err.__cause__ = exc
                             item = Failure(err)
-                if not run.handoff.put(item) or isinstance(item, (End, Failure)):
+                delivered = run.handoff.put(item)
+                # The copies of this batch read its slabs: they go back to the loader (which
+                # may be waiting for one to make the next batch) once those have completed.
+                self.copier.settle()
+                if not delivered or isinstance(item, (End, Failure)):
                     return
         finally:
             run.handoff.close()

@@ -6,27 +6,44 @@ exercise the same thread, hand-off and code path the GPU uses.
 
 With CUDA, per batch:
 
-1. each CPU tensor is copied into a pinned staging buffer from a bounded pool (pinned
-   allocations are slow, so they are reused, not made per batch);
+1. each CPU tensor that lies in a page-locked slab (:mod:`aioloader.run.pinning`: the
+   trainer's mappings of the loader process's slabs, registered once for their life) is the
+   copy's source itself; any other (a loader in the trainer's process, a non-contiguous leaf,
+   registration refused) is first copied, on this thread alone, into a pinned staging buffer
+   (:mod:`aioloader.run.staging`);
 2. the bridge issues ``non_blocking`` host-to-device copies on its own side stream and
    records an event after them;
 3. the trainer's thread makes *its* current stream wait on that event (no host sync) and
-   calls ``record_stream`` on the delivered tensors (see :meth:`DeviceCopier.receive`).
+   calls ``record_stream`` on the delivered tensors (see :meth:`DeviceCopier.receive`);
+4. the bridge keeps the batch's host tensors until the event has completed
+   (:meth:`DeviceCopier.settle`, after the hand-off): only then may their slab go back to the
+   loader and be written again.
+
+What CUDA does is one part, :class:`DeviceOps`: the tests run the same copier with a part
+whose "device" copies complete later, on another thread, so that releasing a slab before its
+copy completed shows as wrong data.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from aioloader.base.items import Batch
 from aioloader.base.tree import flatten, map_leaves
+from aioloader.run.pinning import CudaRegistrar, HostPins, Registrar
+from aioloader.run.staging import PinnedPool, host_copy
 
-__all__ = ["DeviceCopier", "PinnedPool", "map_tensors"]
+__all__ = ["SMALL", "CudaOps", "DeviceCopier", "DeviceOps", "PinnedPool", "map_tensors"]
+
+#: A leaf of ordinary memory smaller than this is copied from where it is: a copy from
+#: pageable memory is synchronous (the driver stages it), which for a few KiB costs less than
+#: a staging buffer.
+SMALL = 1 << 16
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -43,151 +60,200 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return map_leaves(value, leaf)
 
 
-def _allocate_pinned(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+class Event(Protocol):
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
 
 
-class PinnedPool:
-    """Reusable page-locked staging buffers, at most ``limit`` of them.
+class DeviceOps(Protocol):
+    """What the copier asks of a device (CUDA: :class:`CudaOps`)."""
 
-    A buffer goes back to the free list only once the CUDA event recorded after the copy
-    that reads it has completed. Reusing it earlier is a race: the host would overwrite the
-    bytes with the next batch while the GPU's asynchronous copy is still reading them, and
-    the trainer would receive a mix of two batches.
-    """
+    def start(self) -> None:
+        """Bind the calling thread (the bridge) to the device; make the side stream."""
 
-    def __init__(self, limit: int, allocate: Callable[[int], torch.Tensor] | None = None) -> None:
-        self.limit = limit
-        self.allocated = 0
-        self._allocate = allocate or _allocate_pinned
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._in_flight: deque[tuple[Any, list[torch.Tensor]]] = deque()
+    def copy(self, src: torch.Tensor) -> torch.Tensor:
+        """``src`` (host memory) copied to the device on the side stream, not waited for."""
 
-    def acquire(self, nbytes: int) -> torch.Tensor:
-        """A pinned uint8 buffer of exactly ``nbytes`` bytes."""
-        self._reclaim(block=False)
-        while True:
-            free = self._free.get(nbytes)
-            if free:
-                return free.pop()
-            if self.allocated < self.limit:
-                break
-            if self._in_flight:
-                self._reclaim(block=True)  # wait (here, never in the trainer) for the oldest copy
-                continue
-            self._evict_one()  # all free but of other sizes (a last partial batch)
-        self.allocated += 1
-        return self._allocate(nbytes)
+    def record(self) -> Event:
+        """An event recorded on the side stream after the copies issued so far."""
 
-    def release_after(self, event: Any, buffers: list[torch.Tensor]) -> None:
-        """Return ``buffers`` to the pool once ``event`` (recorded after their copy) completes."""
-        if buffers:
-            self._in_flight.append((event, buffers))
+    def wait(self, event: Any) -> Any:
+        """Make the calling thread's current stream wait for ``event``; returns that stream."""
 
-    def clear(self) -> None:
-        """Drop every buffer (waiting for copies still reading them)."""
-        while self._in_flight:
-            self._reclaim(block=True)
-        self._free.clear()
-        self.allocated = 0
+    def protect(self, t: torch.Tensor, stream: Any) -> None:
+        """Tell the allocator ``stream`` uses ``t`` too."""
 
-    def _reclaim(self, block: bool) -> None:
-        while self._in_flight:
-            event, buffers = self._in_flight[0]
-            if not event.query():
-                if not block:
-                    return
-                event.synchronize()
-                block = False
-            self._in_flight.popleft()
-            for b in buffers:
-                self._free.setdefault(b.numel(), []).append(b)
+    def allocate_pinned(self, nbytes: int) -> torch.Tensor:
+        """A page-locked staging buffer of ``nbytes`` bytes."""
 
-    def _evict_one(self) -> None:
-        for size, free in self._free.items():
-            if free:
-                free.pop()
-                self.allocated -= 1
-                if not free:
-                    del self._free[size]
-                return
-        raise RuntimeError("pinned pool exhausted with nothing in flight")  # cannot happen
+    def registrar(self) -> Registrar:
+        """Page-locks host memory for this device."""
+
+    def close(self) -> None:
+        """Wait for the side stream; drop it."""
 
 
-class DeviceCopier:
-    """Moves batches to ``device``. ``start`` runs on the bridging thread; ``receive`` on
-    the consumer's thread."""
+class CudaOps:
+    """:class:`DeviceOps` on a CUDA device."""
 
-    def __init__(self, device: torch.device, pin_memory: bool, pool_limit: int = 16) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.cuda = device.type == "cuda"
-        self.pin_memory = pin_memory and self.cuda
-        # Copies in flight are few (the hand-off holds one batch, the bridge copies the next),
-        # so a handful of buffers per tensor of a batch is all the pool ever needs.
-        self.pool = PinnedPool(pool_limit)
         self.stream: Any = None
         self.thread_device: int | None = None  # the bridge thread's current CUDA device
 
     def start(self) -> None:
+        # Without this the thread's first CUDA call would create a context on GPU 0.
+        torch.cuda.set_device(self.device)
+        self.thread_device = torch.cuda.current_device()
+        self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+
+    def copy(self, src: torch.Tensor) -> torch.Tensor:
+        with torch.cuda.stream(self.stream):
+            return src.to(self.device, non_blocking=True)
+
+    def record(self) -> Event:
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self.stream)
+        return event
+
+    def wait(self, event: Any) -> Any:
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event)
+        return current
+
+    def protect(self, t: torch.Tensor, stream: Any) -> None:
+        if t.device.type == "cuda":
+            t.record_stream(stream)
+
+    def allocate_pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def registrar(self) -> Registrar:
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return CudaRegistrar(index)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.stream = None
+
+
+class DeviceCopier:
+    """Moves batches to ``device``. ``start``, ``to_device`` and ``settle`` run on the
+    bridging thread; ``receive`` on the consumer's.
+
+    ``ops``: the device's part (default: :class:`CudaOps` for a CUDA device, none otherwise);
+    a test passes its own to run the CUDA path without a GPU."""
+
+    def __init__(
+        self, device: torch.device, pin_memory: bool, pool_limit: int = 16, ops: DeviceOps | None = None
+    ) -> None:
+        self.device = device
+        if ops is None and device.type == "cuda":
+            ops = CudaOps(device)
+        self.ops: DeviceOps | None = ops
+        self.cuda = self.ops is not None
+        self.pin_memory = pin_memory and self.cuda
+        # Copies in flight are few (the hand-off holds one batch, the bridge copies the next),
+        # so a handful of buffers per tensor of a batch is all the pool ever needs.
+        self.pool = PinnedPool(pool_limit, self.ops.allocate_pinned if self.ops is not None else None)
+        #: The page-locked slabs (None without pinning); the trainer's slab mappings
+        #: (:class:`~aioloader.run.wire.SlabMaps`) register with it.
+        self.pins: HostPins | None = None
+        #: Host tensors copied straight from their slab, each batch's with its event: kept
+        #: until the copy completed (:meth:`settle`).
+        self._held: deque[tuple[Event, list[torch.Tensor]]] = deque()
+        #: Bytes copied straight from page-locked slabs, and through staging (the tests and
+        #: the benchmarks read them).
+        self.direct_bytes = 0
+        self.staged_bytes = 0
+
+    @property
+    def stream(self) -> Any:
+        return getattr(self.ops, "stream", None)
+
+    @property
+    def thread_device(self) -> int | None:
+        return getattr(self.ops, "thread_device", None)
+
+    def start(self) -> None:
         """Bind the calling thread to the device and create the side stream."""
-        if self.cuda:
-            # Without this the thread's first CUDA call would create a context on GPU 0.
-            torch.cuda.set_device(self.device)
-            self.thread_device = torch.cuda.current_device()
-            self.stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        if self.ops is not None:
+            self.ops.start()
+            if self.pin_memory:
+                self.pins = HostPins(self.ops.registrar())
 
     def to_device(self, value: Any) -> tuple[Any, Any]:
         """``(value on the device, event recorded after its copies or None)``."""
-        if not self.cuda:
+        if self.ops is None:
             # Only NumPy arrays change (into tensors): a batch without one, file bytes say,
             # is not rebuilt.
             if not any(isinstance(x, np.ndarray) for x in flatten(value)[1]):
                 return value, None
             return map_tensors(value, lambda t: t), None
+        ops = self.ops
         staged: list[torch.Tensor] = []
+        held: list[torch.Tensor] = []
 
         def copy(t: torch.Tensor) -> torch.Tensor:
             if t.device == self.device:
                 return t
-            src = t
-            if self.pin_memory and t.device.type == "cpu" and t.numel() > 0:
-                t = t.contiguous()
-                buf = self.pool.acquire(t.numel() * t.element_size())
-                staged.append(buf)
-                src = buf.view(t.dtype).view(t.shape)
-                src.copy_(t)
-            with torch.cuda.stream(self.stream):
-                return src.to(self.device, non_blocking=True)
+            if not self.pin_memory or t.device.type != "cpu" or t.numel() == 0:
+                return ops.copy(t)
+            nbytes = t.numel() * t.element_size()
+            if t.is_contiguous() and self.pins is not None and self.pins.covers(t.data_ptr(), nbytes):
+                held.append(t)  # its slab is page-locked: the copy reads it where it is
+                self.direct_bytes += nbytes
+                return ops.copy(t)
+            if nbytes < SMALL:  # labels, say: the driver stages them itself, synchronously
+                return ops.copy(t)
+            buf = self.pool.acquire(nbytes)
+            staged.append(buf)
+            src = buf.view(t.dtype).view(t.shape)
+            host_copy(src, t)
+            self.staged_bytes += nbytes
+            return ops.copy(src)
 
         moved = map_tensors(value, copy)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record(self.stream)
+        event = ops.record()
         self.pool.release_after(event, staged)
+        if held:
+            self._held.append((event, held))
         return moved, event
+
+    def settle(self) -> None:
+        """Wait (here, on the bridge) for the copies still reading slabs, and let go of
+        their host tensors, so that the slabs can go back to the loader. Called after each
+        hand-off: a slab kept longer could be the one the loader waits for to make the next
+        batch."""
+        while self._held:
+            event, _ = self._held[0]
+            event.synchronize()
+            self._held.popleft()
 
     def receive(self, batch: Batch) -> Any:
         """Make the consumer's current stream wait for the copy; protect the memory.
 
-        ``wait_event`` orders the trainer's kernels after the copy without blocking the host.
-        The tensors were allocated on the side stream; ``record_stream`` tells the caching
-        allocator that the trainer's stream uses them too, so their memory is not handed to
-        the next batch's copy while the trainer's kernels may still read it.
+        ``wait`` orders the trainer's kernels after the copy without blocking the host.
+        The tensors were allocated on the side stream; ``protect`` (``record_stream``) tells
+        the caching allocator that the trainer's stream uses them too, so their memory is not
+        handed to the next batch's copy while the trainer's kernels may still read it.
         """
-        if batch.event is None:
+        if batch.event is None or self.ops is None:
             return batch.value
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(batch.event)
+        ops = self.ops
+        current = ops.wait(batch.event)
 
         def protect(t: torch.Tensor) -> torch.Tensor:
-            if t.device.type == "cuda":
-                t.record_stream(current)
+            ops.protect(t, current)
             return t
 
         map_tensors(batch.value, protect)
         return batch.value
 
     def close(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()
+        if self.ops is not None:
+            self.ops.close()
+        self._held.clear()
         self.pool.clear()
-        self.stream = None

@@ -257,6 +257,8 @@ class ProcessRuntime(runtime.RuntimeBase):
             self._wait_ready()
             self.copier = DeviceCopier(config.device, config.pin_memory)
             self.bridge = Bridge(self.copier, counters.meters["transfer"])
+            # The slabs' mappings are made on the bridge thread, and page-locked there once.
+            self.channel.maps.pins = self.copier.pins
         except BaseException:
             self._stop_process(grace=1.0)
             raise

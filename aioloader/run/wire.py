@@ -40,6 +40,7 @@ import numpy as np
 from aioloader.base.tree import TreeDef, flatten, unflatten
 from aioloader.errors import LoaderError
 from aioloader.memory.segments import SegmentHandle, attach
+from aioloader.run.pinning import HostPins
 
 __all__ = [
     "SPILL_BYTES",
@@ -231,8 +232,11 @@ class SlabMaps:
     ``/proc/<pid>/fd/<n>`` path); the ``limit`` most recently used are kept (a mapping still
     viewed by a batch lives on until the batch is garbage)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, pins: HostPins | None = None) -> None:
         self.limit = limit
+        #: Where the mappings are page-locked for the device copy (the bridge's; None: not).
+        #: A mapping is registered when it is made and released before it is unmapped.
+        self.pins = pins
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
 
     def get(self, handle: SegmentHandle) -> mmap.mmap:
@@ -244,13 +248,20 @@ class SlabMaps:
             return m
         m = attach(handle)
         self._maps[handle.name] = m
+        if self.pins is not None:
+            self.pins.pin(m)
         while len(self._maps) > self.limit:
-            _close(self._maps.popitem(last=False)[1])
+            self._unmap(self._maps.popitem(last=False)[1])
         return m
 
     def close(self) -> None:
         while self._maps:
-            _close(self._maps.popitem()[1])
+            self._unmap(self._maps.popitem()[1])
+
+    def _unmap(self, m: mmap.mmap) -> None:
+        if self.pins is not None:
+            self.pins.unpin(m)  # first: a registration must never outlive its mapping
+        _close(m)
 
 
 def _close(m: mmap.mmap) -> None:
