@@ -18,6 +18,7 @@ from typing import Any, Literal, cast
 import torch
 
 __all__ = [
+    "check_device_decode",
     "FLAGS",
     "Arguments",
     "DecodeOn",
@@ -211,6 +212,31 @@ def check_device(device: object, pin_memory: object) -> tuple[torch.device, bool
     if pin_memory is not None and not isinstance(pin_memory, bool):
         raise TypeError(f"pin_memory={pin_memory!r} must be True, False or None")
     return dev, dev.type == "cuda" and bool(pin_memory is None or pin_memory)
+
+
+def check_device_decode(decode: object, device: torch.device, collate: object, on_ray: bool) -> None:
+    """An ``ImageDecoder(device=...)`` decodes on the loader's own device, collated by the
+    default collate, on this machine; and for CUDA its library must be installed."""
+    where = getattr(decode, "device", None)
+    if where is None or not hasattr(decode, "decode_window"):
+        return
+    named = f"ImageDecoder(device={where!r})"
+    asked = torch.device(where)
+    if asked.type != device.type or (asked.index is not None and asked != device):
+        raise ValueError(f"{named} decodes on the loader's device, but the loader's is {str(device)!r}")
+    if collate is not None:
+        raise ValueError(f"{named} makes its batches itself: it needs the default collate, not {collate!r}")
+    if on_ray:
+        raise ValueError(f"{named} decodes on this machine's GPU: it cannot be used with decode_on='ray'")
+    if asked.type == "cuda" and not _installed("nvidia.nvimgcodec"):
+        raise ImportError(f"{named} needs nvImageCodec: pip install 'aioloader[gpu]'")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # its parent package is missing
+        return False
 
 
 def check_failures(on_error: object, max_failures: object) -> tuple[OnError, int | float | None]:

@@ -59,7 +59,13 @@ def plain_batch(samples: list[Any]) -> list[Any] | None:
 
 
 def collate_leaves(column: list[Any]) -> Any:
-    """One leaf position of every sample (see :func:`default_collate`) to its batch."""
+    """One leaf position of every sample (see :func:`default_collate`) to its batch. A leaf
+    whose type has a ``collate_batch`` static method makes the column's batch with it (the
+    device decode's encoded images: :mod:`aioloader.decode.encoded`)."""
+    for leaf in column:
+        special = getattr(type(leaf), "collate_batch", None)
+        if special is not None:
+            return special(column)
     first = column[0]
     if isinstance(first, torch.Tensor):
         _check_shapes([tuple(s.shape) for s in column], "tensors")

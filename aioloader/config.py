@@ -26,6 +26,7 @@ from aioloader.arguments import (
     check_callables,
     check_decode_on,
     check_device,
+    check_device_decode,
     check_failures,
     check_flags,
     check_io_concurrency,
@@ -189,6 +190,7 @@ class LoaderConfig:
         io, io_auto = check_io_concurrency(a.io_concurrency, AUTO_IO_START)
         prefetch = positive_int("prefetch", a.prefetch)
         device, pin_memory = check_device(a.device, a.pin_memory)
+        check_device_decode(decode, device, collate, on_ray)
         on_error, max_failures = check_failures(a.on_error, a.max_failures)
         read_retries = non_negative_int("read_retries", a.read_retries)
         max_worker_restarts = non_negative_int("max_worker_restarts", a.max_worker_restarts)

@@ -1,4 +1,5 @@
-"""Stage 3, decoding, in one place: the worker processes and what crosses to them.
+"""Stage 3, decoding, in one place: the worker processes and what crosses to them, and the
+device decode's loader side (its bridge side is ``run/devdecode.py``).
 
 | module | role |
 | --- | --- |
@@ -9,6 +10,11 @@
 | ``worker.py`` | inside a worker: the installed ``decode``, ``sample_rng``, its lifeline |
 | ``pool.py`` | the worker processes: forkserver start in the background, crash recovery, bounded shutdown |
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |
+| ``ondevice.py`` | ``ImageDecoder(device=...)``'s stage: what the GPU decodes, what the CPU, the windows |
+| ``jpeg.py`` | pure: a JPEG's frame header, and whether the device takes it |
+| ``hybrid.py`` | pure: the CPU workers' measured share of each batch beside the GPU |
+| ``encoded.py`` | encoded images and the half-decoded batch that crosses to the bridge |
+| ``batchdec.py`` | batch decoders: the part that decodes a batch on the device (Pillow's for CI) |
 
 The memory they decode into is ``memory/``'s; the processes come from ``procs/``.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import types
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -52,6 +53,18 @@ class ImageDecoder:
 
     Picklable (plain attributes), so it can be sent to worker processes.
 
+    ``device="cuda"`` (or ``"cuda:N"``, the loader's device) decodes JPEGs on the GPU: the
+    loader's bridging thread decodes each batch there (nvImageCodec, batched, on the card's
+    hardware JPEG engine where it has one; ``pip install 'aioloader[gpu]'``), crops, resizes
+    and flips each image with the window drawn as on the CPU, so that batches equal the CPU
+    path's in shape, dtype, order, labels and crop windows, and in pixels within the
+    rounding of two IDCTs and resamplers. What the GPU cannot decode (PNG, CMYK, a 12-bit
+    JPEG, a decode error) is decoded by the CPU workers, sample by sample, and idle CPU
+    workers take a measured share of each batch (``loader.stats.device_decode``).
+    ``device="cpu"`` runs that same path with Pillow on the bridging thread: for tests and
+    for comparing, never faster than the workers. Needs the loader's ``device`` to be that
+    device (``Loader(..., device="cuda")``) and the default ``collate``.
+
     Trusted code, so it declares ``hot_start``: while a loader's workers boot, it may also
     decode on a thread of the loader's process, so the first batch does not wait for them
     (a subclass inherits that). A decoder that does not declare it, a user's function among
@@ -72,6 +85,7 @@ class ImageDecoder:
         hflip: bool = False,
         draft: bool = True,
         resample: Literal["nearest", "bilinear", "bicubic", "lanczos"] = "bilinear",
+        device: str | None = None,
     ) -> None:
         if isinstance(size, int) and not isinstance(size, bool):
             h = w = size
@@ -89,6 +103,8 @@ class ImageDecoder:
             raise ValueError(f"ratio={ratio!r} must satisfy 0 < min <= max")
         if resample not in _RESAMPLE:
             raise ValueError(f"resample={resample!r} must be one of {sorted(_RESAMPLE)}")
+        if device is not None and not _is_device(device):
+            raise ValueError(f"device={device!r} must be None, 'cuda', 'cuda:N' or 'cpu'")
         self.height, self.width = h, w
         self.crop = crop
         self.scale = scale
@@ -96,9 +112,12 @@ class ImageDecoder:
         self.hflip = hflip
         self.draft = draft
         self.resample = resample
+        #: Where batches are decoded (None: the CPU workers; see the class docstring).
+        self.device = device
 
     def __repr__(self) -> str:
-        return f"ImageDecoder(size=({self.height}, {self.width}), crop={self.crop!r}, draft={self.draft})"
+        on = "" if self.device is None else f", device={self.device!r}"
+        return f"ImageDecoder(size=({self.height}, {self.width}), crop={self.crop!r}, draft={self.draft}{on})"
 
     @property
     def output_shape(self) -> tuple[int, int, int]:
@@ -108,14 +127,33 @@ class ImageDecoder:
     def __call__(self, data: bytes) -> npt.NDArray[np.uint8]:
         source = _Source(data)
         img: Image.Image = Image.open(source)
-        full_w, full_h = img.size
-        flip = False
+        box, flip = self.window(*img.size, sample_rng)
+        return self._decode_in(img, source, box, flip)
+
+    def window(
+        self, full_w: int, full_h: int, rng: Callable[[], np.random.Generator]
+    ) -> tuple[tuple[float, float, float, float], bool]:
+        """``(box, flip)`` for an image of ``full_w`` x ``full_h`` pixels: the crop box
+        ``(x0, y0, x1, y1)`` in its pixels (floats) and whether to flip it; ``rng()`` gives
+        the sample's generator (drawn from only with ``crop="random"``)."""
         if self.crop == "center":
-            box = _center_box(full_w, full_h, self.width / self.height)
-        else:
-            rng = sample_rng()
-            box = _random_box(rng, full_w, full_h, self.scale, self.ratio)
-            flip = self.hflip and bool(rng.random() < 0.5)
+            return _center_box(full_w, full_h, self.width / self.height), False
+        gen = rng()
+        box = _random_box(gen, full_w, full_h, self.scale, self.ratio)
+        return box, self.hflip and bool(gen.random() < 0.5)
+
+    def decode_window(
+        self, data: bytes, box: tuple[float, float, float, float], flip: bool
+    ) -> npt.NDArray[np.uint8]:
+        """``data`` decoded, ``box`` of it resized to the output, flipped if ``flip``: what
+        :meth:`__call__` makes with that window (the device path's CPU fallback)."""
+        source = _Source(data)
+        return self._decode_in(Image.open(source), source, box, flip)
+
+    def _decode_in(
+        self, img: Image.Image, source: _Source, box: tuple[float, float, float, float], flip: bool
+    ) -> npt.NDArray[np.uint8]:
+        full_w, full_h = img.size
         if self.draft and img.format == "JPEG":
             box = self._apply_draft(img, box, full_w, full_h)
         _load_whole(img, source)
@@ -222,3 +260,11 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     elif img.mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")  # Pillow warns when a palette with transparency goes straight to RGB
     return img.convert("RGB")
+
+
+def _is_device(device: object) -> bool:
+    if device in ("cuda", "cpu"):
+        return True
+    if isinstance(device, str) and device.startswith("cuda:"):
+        return device[5:].isdigit()
+    return False

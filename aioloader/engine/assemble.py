@@ -38,7 +38,7 @@ from aioloader.base.tree import unflatten
 from aioloader.collate import collate_leaves, default_collate, plain_batch
 from aioloader.errors import LoaderError
 from aioloader.memory.layout import ArraySpec
-from aioloader.memory.results import ArrayRef, InArea, Pickled, RowResult, Written
+from aioloader.memory.results import ArrayRef, Deferred, InArea, Pickled, RowResult, Written
 from aioloader.memory.slabs import Slab, SlabPool
 from aioloader.memory.writer import RowWriter
 from aioloader.observe.stages import StageMeter
@@ -207,7 +207,7 @@ class Assembler:
         samples = []
         for r in kept:
             res = results[r]
-            if isinstance(res, Pickled):
+            if isinstance(res, (Pickled, Deferred)):
                 samples.append(res.value)
             elif isinstance(res, InArea):
                 leaves = [

@@ -1,7 +1,9 @@
 """Which decode stage a loader has, chosen once, where the loader is built
 (:func:`aioloader.run.pipeline.build`): Ray tasks with ``decode_on="ray"``, this machine's
-worker processes otherwise, none with ``decode=None``. The engine receives it as a
-:class:`~aioloader.decode.contract.DecodeStageLike` and never asks which it is.
+worker processes otherwise (with ``ImageDecoder(device=...)``, behind the device decode's
+stage, which sends the JPEGs the device takes to the bridge), none with ``decode=None``.
+The engine receives it as a :class:`~aioloader.decode.contract.DecodeStageLike` and never
+asks which it is.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.contract import DecodeStageLike, declares_hot_start
+from aioloader.decode.image import ImageDecoder
+from aioloader.decode.ondevice import DeviceDecodeStage
 from aioloader.decode.pool import DecodePool
 from aioloader.decode.stage import DecodeStage
 from aioloader.engine import sizing
@@ -56,7 +60,7 @@ def decode_stage(
     if pool is None:
         return None
     assert config.decode is not None
-    return DecodeStage(
+    stage = DecodeStage(
         config.decode,
         pool,
         # One round trip to a worker is amortised over a chunk, and a batch still spreads
@@ -71,6 +75,17 @@ def decode_stage(
         meter=counters.meters["decode"],
         forget=closed_slabs(*slabs),
     )
+    if isinstance(config.decode, ImageDecoder) and config.decode.device is not None:
+        # ImageDecoder(device=...): the JPEGs the device takes travel encoded to the bridge.
+        return DeviceDecodeStage(
+            stage,
+            config.decode,
+            seed=config.seed,
+            path_of=dataset.path,
+            meter=counters.meters["decode"],
+            report=counters.device_loader_side,
+        )
+    return stage
 
 
 def closed_slabs(*pools: SlabPool | None) -> Callable[[], tuple[str, ...]]:

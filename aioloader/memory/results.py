@@ -8,6 +8,7 @@ A decode (a worker, a Ray task, the loader's own thread) answers each sample wit
 - :class:`InArea`: the sample's arrays are in the chunk's share of the slab's output area;
   the tree comes back with :class:`ArrayRef` in place of each array;
 - :class:`Pickled`: the sample itself, pickled (no slab room, or no array in it);
+- :class:`Deferred`: the sample is decoded later, on the device (its encoded bytes);
 - :class:`Failed`: the exception (a copy that unpickles) and the decoder's traceback.
 
 A sample's file bytes reach a decode as a :data:`Source`: ``(offset, length)`` in the
@@ -35,6 +36,7 @@ from aioloader.memory.layout import ArraySpec, describe
 
 __all__ = [
     "ArrayRef",
+    "Deferred",
     "Failed",
     "InArea",
     "Pickled",
@@ -84,6 +86,15 @@ class Pickled:
 
 
 @dataclass(frozen=True, slots=True)
+class Deferred:
+    """A sample decoded later, on the device: ``value`` is what travels to it (the file's
+    bytes and crop window, :class:`~aioloader.decode.encoded.EncodedImage`). It says nothing
+    about the slabs' layout, and reaches the collate as it is."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     error: BaseException
     traceback: str
@@ -99,7 +110,7 @@ def _failed(error: bytes, traceback: str) -> Failed:
     return Failed(pickle.loads(error), traceback)
 
 
-RowResult = Written | InArea | Pickled | Failed
+RowResult = Written | InArea | Pickled | Deferred | Failed
 
 
 def layout_evidence(

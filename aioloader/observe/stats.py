@@ -14,60 +14,33 @@ from typing import TYPE_CHECKING
 
 from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, diagnose
 from aioloader.observe.stages import STAGES, StageMeter, StageStats, between
+from aioloader.observe.wheredecoded import (
+    ClusterStats,
+    DeviceDecodeStats,
+    DeviceSide,
+    add_bridge_side,
+    add_loader_side,
+    with_loader_side,
+)
 
 if TYPE_CHECKING:
     from aioloader.config import LoaderConfig
 
-__all__ = ["WINDOW", "ClusterStats", "Counters", "LoaderSide", "LoaderStats"]
+__all__ = ["WINDOW", "ClusterStats", "Counters", "DeviceDecodeStats", "LoaderSide", "LoaderStats"]
+
 
 log = logging.getLogger("aioloader")
 
 #: bytes read, samples attempted, failures by reason, last failed paths, read retries,
-#: worker restarts, the loading stages' figures: what a loader process counts for the
-#: trainer's counters.
-LoaderSide = tuple[int, int, dict[str, int], tuple[str, ...], int, int, dict[str, StageStats]]
+#: worker restarts, the loading stages' figures, the device decode's loader side: what a
+#: loader process counts for the trainer's counters.
+LoaderSide = tuple[
+    int, int, dict[str, int], tuple[str, ...], int, int, dict[str, StageStats], "DeviceSide | None"
+]
 #: Batches the bottleneck and its warning look back over.
 WINDOW = 50
 #: Fewest batches the warning judges (an epoch's last ones, after its last full window).
 MIN_JUDGED = 20
-
-
-@dataclass(frozen=True)
-class ClusterStats:
-    """The decode tasks of ``decode_on="ray"`` over the loader's life (seconds, summed over
-    tasks unless said). A task's round trip runs from its slot's grant to its answer; of
-    it, the task spent ``decode_seconds`` decoding and ``read_seconds`` reading URLs on the
-    cluster; the rest, :attr:`transfer_seconds`, is waiting for a CPU, Ray's scheduling and
-    moving the bytes both ways. ``slots`` tasks decode at once; ``elapsed_seconds`` runs
-    from the first task's start to the last answer (wall time)."""
-
-    tasks: int = 0
-    samples: int = 0
-    round_trip_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    read_seconds: float = 0.0
-    slots: int = 1
-    elapsed_seconds: float = 0.0
-
-    @property
-    def transfer_seconds(self) -> float:
-        return max(0.0, self.round_trip_seconds - self.decode_seconds - self.read_seconds)
-
-    @property
-    def busy_share(self) -> float:
-        """Share of the cluster's task slots' time spent decoding and reading (0..1): near 1,
-        the cluster's CPUs are the limit; well below, the transfer or the loader is."""
-        span = self.elapsed_seconds * self.slots
-        return min(1.0, (self.decode_seconds + self.read_seconds) / span) if span > 0 else 0.0
-
-    def __str__(self) -> str:
-        per = 1e3 / self.samples if self.samples else 0.0
-        return (
-            f"ray: {self.tasks} tasks, {self.samples} samples, {self.slots} at once busy "
-            f"{self.busy_share:.0%}; per sample {self.decode_seconds * per:.2f} ms decode, "
-            f"{self.read_seconds * per:.2f} ms reading URLs, {self.transfer_seconds * per:.2f} ms "
-            "waiting and in transfer"
-        )
 
 
 @dataclass(frozen=True)
@@ -109,6 +82,8 @@ class LoaderStats:
     num_workers: int = 0
     #: ``decode_on="ray"``: the cluster's tasks (None otherwise).
     cluster: ClusterStats | None = None
+    #: ``ImageDecoder(device=...)``: where the samples were decoded (None otherwise).
+    device_decode: DeviceDecodeStats | None = None
 
 
 class Counters:
@@ -161,6 +136,9 @@ class Counters:
         self.restores = 0
         self.cluster: ClusterStats | None = None
         self._cluster_since = 0.0
+        #: The device decode's counts (None without one): the loader side's
+        #: (:meth:`device_loader_side`) and the bridge's (:meth:`device_decoded`).
+        self.device: DeviceDecodeStats | None = None
 
     @classmethod
     def for_loader(cls, config: LoaderConfig, remote: bool) -> Counters:
@@ -347,18 +325,38 @@ class Counters:
                 self.read_retries,
                 self.worker_restarts,
             )
+            device = self.device
         stages = {name: self.meters[name].snapshot() for name in ("read", "decode", "collate")}
-        return (*counts, stages)
+        side = None if device is None else (device.cpu, dict(device.fallbacks), device.share)
+        return (*counts, stages, side)
 
     def absorb(self, counts: LoaderSide) -> None:
         """Take over what a loader process counted (:meth:`loader_side`)."""
-        bytes_read, attempted, failures, paths, retries, restarts, stages = counts
+        bytes_read, attempted, failures, paths, retries, restarts, stages, device = counts
         with self._lock:
             self._absorbed = stages
             self.bytes_read, self.attempted = bytes_read, attempted
             self.failures = Counter(failures)
             self.failed_paths = deque(paths, maxlen=8)
             self.read_retries, self.worker_restarts = retries, restarts
+            if device is not None:
+                self._device_side(device)
+
+    def device_loader_side(self, cpu: int, reasons: dict[str, int], share: float) -> None:
+        """The device decode's stage (loader side): ``cpu`` more samples for the workers,
+        ``reasons`` the counts of those the device could not take, the workers' ``share``."""
+        with self._lock:
+            self.device = add_loader_side(self.device, cpu, reasons, share)
+
+    def _device_side(self, side: DeviceSide) -> None:
+        self.device = with_loader_side(self.device, side)
+
+    def device_decoded(self, gpu: int, seconds: float, failed: int, undecodable: int = 0) -> None:
+        """The bridge decoded ``gpu`` samples on the device in ``seconds``; ``failed`` more
+        failed there and were decoded on the CPU, ``undecodable`` of them not even there
+        (skipped)."""
+        with self._lock:
+            self.device = add_bridge_side(self.device, gpu, seconds, failed, undecodable)
 
     def snapshot(self) -> LoaderStats:
         stages = self._stage_view()
@@ -388,4 +386,5 @@ class Counters:
                 io_concurrency=stages["read"].bound,
                 num_workers=stages["decode"].capacity,
                 cluster=self.cluster,
+                device_decode=self.device,
             )

@@ -15,8 +15,9 @@ import threading
 from typing import Protocol
 
 from aioloader.base.items import Batch, End, Failure, Item
-from aioloader.errors import LoaderError
+from aioloader.errors import LoaderError, SampleError
 from aioloader.observe.stages import StageMeter
+from aioloader.run.devdecode import DeviceDecode
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
 
@@ -85,8 +86,13 @@ class Run:
 class Bridge:
     """The ``aioloader-transfer`` thread: serves runs one after another until stopped."""
 
-    def __init__(self, copier: DeviceCopier, meter: StageMeter | None = None) -> None:
+    def __init__(
+        self, copier: DeviceCopier, meter: StageMeter | None = None, finish: DeviceDecode | None = None
+    ) -> None:
         self.copier = copier
+        #: The device decode (``ImageDecoder(device=...)``): each batch is finished on the
+        #: device before its copy.
+        self.finish = finish
         self.meter = meter if meter is not None else StageMeter("transfer")
         self._runs: queue.SimpleQueue[Source | None] = queue.SimpleQueue()
         self._started = threading.Event()
@@ -108,29 +114,45 @@ class Bridge:
     def _main(self) -> None:
         try:
             self.copier.start()
+            if self.finish is not None:
+                self.finish.start()
         except BaseException as exc:  # noqa: BLE001 - reported to the constructor
             self._start_error = exc
             self._started.set()
+            self.copier.close()
             return
         self._started.set()
         try:
             while (run := self._runs.get()) is not None:
                 self._serve(run)
         finally:
+            if self.finish is not None:
+                self.finish.close()
             self.copier.close()
+
+    def _to_device(self, item: Batch) -> Batch | Failure:
+        """``item`` on the device (decoded there first, with a device decode), or its
+        failure, which goes to the trainer in order."""
+        try:
+            if self.finish is not None:
+                item.value = self.finish.finish(item.value, self.copier)
+            item.value, item.event = self.copier.to_device(item.value)
+            return item
+        except SampleError as exc:  # a sample the device decode could not decode
+            self.copier.settle_failed()
+            return Failure(exc)
+        except Exception as exc:  # noqa: BLE001
+            self.copier.settle_failed()
+            err = LoaderError(f"copying batch {item.index} to {self.copier.device} failed: {exc}")
+            err.__cause__ = exc
+            return Failure(err)
 
     def _serve(self, run: Source) -> None:
         try:
             while (item := run.next_ready()) is not None:
                 if isinstance(item, Batch):
                     with self.meter.timed():
-                        try:
-                            item.value, item.event = self.copier.to_device(item.value)
-                        except Exception as exc:  # noqa: BLE001 - goes to the trainer in order
-                            where = self.copier.device
-                            err = LoaderError(f"copying batch {item.index} to {where} failed: {exc}")
-                            err.__cause__ = exc
-                            item = Failure(err)
+                        item = self._to_device(item)
                 delivered = run.handoff.put(item)
                 # The copies of this batch read its slabs: they go back to the loader (which
                 # may be waiting for one to make the next batch) once those have completed.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 import numpy as np
@@ -113,7 +114,8 @@ class CudaOps:
             return src.to(self.device, non_blocking=True)
 
     def record(self) -> Event:
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        # Blocking: the bridge's wait for it (settle) sleeps instead of spinning a core.
+        event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
         event.record(self.stream)
         return event
 
@@ -163,7 +165,10 @@ class DeviceCopier:
         self.pins: HostPins | None = None
         #: Host tensors copied straight from their slab, each batch's with its event: kept
         #: until the copy completed (:meth:`settle`).
-        self._held: deque[tuple[Event, list[torch.Tensor]]] = deque()
+        self._held: deque[tuple[Event, list[Any]]] = deque()
+        # The batch being copied: its staging buffers and the host memory its copies read.
+        self._staged: list[torch.Tensor] = []
+        self._holding: list[Any] = []
         #: Bytes copied straight from page-locked slabs, and through staging (the tests and
         #: the benchmarks read them).
         self.direct_bytes = 0
@@ -185,42 +190,57 @@ class DeviceCopier:
                 self.pins = HostPins(self.ops.registrar())
 
     def to_device(self, value: Any) -> tuple[Any, Any]:
-        """``(value on the device, event recorded after its copies or None)``."""
+        """``(value on the device, event recorded after its copies or None)``: every tensor
+        of ``value`` through :meth:`copy_tensor`, then the event that ends the batch."""
         if self.ops is None:
             # Only NumPy arrays change (into tensors): a batch without one, file bytes say,
             # is not rebuilt.
             if not any(isinstance(x, np.ndarray) for x in flatten(value)[1]):
                 return value, None
             return map_tensors(value, lambda t: t), None
-        ops = self.ops
-        staged: list[torch.Tensor] = []
-        held: list[torch.Tensor] = []
-
-        def copy(t: torch.Tensor) -> torch.Tensor:
-            if t.device == self.device:
-                return t
-            if not self.pin_memory or t.device.type != "cpu" or t.numel() == 0:
-                return ops.copy(t)
-            nbytes = t.numel() * t.element_size()
-            if t.is_contiguous() and self.pins is not None and self.pins.covers(t.data_ptr(), nbytes):
-                held.append(t)  # its slab is page-locked: the copy reads it where it is
-                self.direct_bytes += nbytes
-                return ops.copy(t)
-            if nbytes < SMALL:  # labels, say: the driver stages them itself, synchronously
-                return ops.copy(t)
-            buf = self.pool.acquire(nbytes)
-            staged.append(buf)
-            src = buf.view(t.dtype).view(t.shape)
-            host_copy(src, t)
-            self.staged_bytes += nbytes
-            return ops.copy(src)
-
-        moved = map_tensors(value, copy)
-        event = ops.record()
-        self.pool.release_after(event, staged)
-        if held:
-            self._held.append((event, held))
+        moved = map_tensors(value, self.copy_tensor)
+        event = self.ops.record()
+        self.pool.release_after(event, self._staged)
+        if self._holding:
+            self._held.append((event, self._holding))
+        self._staged, self._holding = [], []
         return moved, event
+
+    def copy_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the device, its copy issued on the side stream as part of the batch
+        being copied (whose event :meth:`to_device` records): from its slab where that is
+        page-locked (the slab then held until the event), else through a staging buffer
+        (small tensors: from where they are). Without a device part, ``t`` itself."""
+        ops = self.ops
+        if ops is None or t.device == self.device:
+            return t
+        if not self.pin_memory or t.device.type != "cpu" or t.numel() == 0:
+            return ops.copy(t)
+        nbytes = t.numel() * t.element_size()
+        if t.is_contiguous() and self.pins is not None and self.pins.covers(t.data_ptr(), nbytes):
+            self._holding.append(t)  # its slab is page-locked: the copy reads it where it is
+            self.direct_bytes += nbytes
+            return ops.copy(t)
+        if nbytes < SMALL:  # labels, say: the driver stages them itself, synchronously
+            return ops.copy(t)
+        buf = self.pool.acquire(nbytes)
+        self._staged.append(buf)
+        src = buf.view(t.dtype).view(t.shape)
+        host_copy(src, t)
+        self.staged_bytes += nbytes
+        return ops.copy(src)
+
+    def hold(self, value: Any) -> None:
+        """Keep ``value`` (host memory work on the side stream reads) until the event of the
+        batch being copied has completed."""
+        if self.ops is not None:
+            self._holding.append(value)
+
+    def on_stream(self) -> AbstractContextManager[Any]:
+        """The side stream made current (CUDA), for work a batch needs beside its copies."""
+        if isinstance(self.ops, CudaOps):
+            return torch.cuda.stream(self.ops.stream)
+        return nullcontext()
 
     def settle(self) -> None:
         """Wait (here, on the bridge) for the copies still reading slabs, and let go of
@@ -231,6 +251,15 @@ class DeviceCopier:
             event, _ = self._held[0]
             event.synchronize()
             self._held.popleft()
+
+    def settle_failed(self) -> None:
+        """A batch failed part way: wait for what its copies already issued, then forget
+        its staging buffers and held memory (nothing on the device will read them)."""
+        if self.ops is not None and (self._staged or self._holding):
+            event = self.ops.record()
+            event.synchronize()
+            self.pool.release_after(event, self._staged)
+        self._staged, self._holding = [], []
 
     def receive(self, batch: Batch) -> Any:
         """Make the consumer's current stream wait for the copy; protect the memory.

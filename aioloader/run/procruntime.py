@@ -35,6 +35,7 @@ from aioloader.plan.resume import ResumePoint
 from aioloader.procs import roles, zygote
 from aioloader.run import loaderproc, runtime, wire
 from aioloader.run.bridge import Bridge
+from aioloader.run.devdecode import device_decode_for
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
 from aioloader.run.pipeline import slabs_pooled
@@ -256,7 +257,9 @@ class ProcessRuntime(runtime.RuntimeBase):
         try:
             self._wait_ready()
             self.copier = DeviceCopier(config.device, config.pin_memory)
-            self.bridge = Bridge(self.copier, counters.meters["transfer"])
+            self.bridge = Bridge(
+                self.copier, counters.meters["transfer"], device_decode_for(config, counters)
+            )
             # The slabs' mappings are made on the bridge thread, and page-locked there once.
             self.channel.maps.pins = self.copier.pins
         except BaseException:

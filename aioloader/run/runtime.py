@@ -27,6 +27,7 @@ from aioloader.plan.resume import ResumePoint, plan_for
 from aioloader.procs import roles
 from aioloader.run import pipeline
 from aioloader.run.bridge import Bridge, Run
+from aioloader.run.devdecode import device_decode_for
 from aioloader.run.device import DeviceCopier
 from aioloader.safety import gcfreeze, sigterm
 
@@ -200,7 +201,7 @@ class Runtime(RuntimeBase):
         self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
         self.copier = DeviceCopier(config.device, config.pin_memory)
-        self.bridge = Bridge(self.copier, counters.meters["transfer"])
+        self.bridge = Bridge(self.copier, counters.meters["transfer"], device_decode_for(config, counters))
         self.run: Run | None = None
 
     def _threads(self) -> tuple[threading.Thread, ...]:

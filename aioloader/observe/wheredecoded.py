@@ -1,0 +1,126 @@
+"""Where the samples were decoded, as ``loader.stats`` reports it: on a Ray cluster's tasks
+(:class:`ClusterStats`) or, with ``ImageDecoder(device=...)``, on the device and the CPU
+workers (:class:`DeviceDecodeStats`, with the pure functions that count it: the loader's
+stage and the bridge each add their side)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+__all__ = [
+    "BRIDGE_FALLBACK",
+    "UNDECODABLE",
+    "ClusterStats",
+    "DeviceDecodeStats",
+    "DeviceSide",
+    "add_bridge_side",
+    "add_loader_side",
+    "with_loader_side",
+]
+
+#: The reason counted for a sample the device failed to decode (decoded on the CPU instead).
+BRIDGE_FALLBACK = "device decode failed"
+#: The reason counted for a sample neither the device nor Pillow decoded (skipped).
+UNDECODABLE = "undecodable, skipped"
+
+#: The device decode's loader side: samples the CPU workers decoded, the samples sent to them
+#: by reason (not a JPEG the GPU takes, ...), the workers' share now.
+DeviceSide = tuple[int, dict[str, int], float]
+
+
+@dataclass(frozen=True)
+class DeviceDecodeStats:
+    """``ImageDecoder(device=...)``: where the samples were decoded, over the loader's life.
+
+    ``gpu``: samples decoded on the device; ``cpu``: by the CPU workers (their hybrid share,
+    and the samples the device cannot take); ``fallbacks``: the samples the device could not
+    decode, by reason (``"not a JPEG"``, ``"JPEG with 4 components"``, ``"device decode
+    failed"``, ...); ``share``: the CPU workers' share of each batch now (0..1);
+    ``gpu_seconds``: the bridging thread's time in the device decode."""
+
+    gpu: int = 0
+    cpu: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    share: float = 0.0
+    gpu_seconds: float = 0.0
+
+    @property
+    def cpu_fraction(self) -> float:
+        """The share of all samples the CPU decoded (0..1)."""
+        total = self.gpu + self.cpu
+        return self.cpu / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class ClusterStats:
+    """The decode tasks of ``decode_on="ray"`` over the loader's life (seconds, summed over
+    tasks unless said). A task's round trip runs from its slot's grant to its answer; of
+    it, the task spent ``decode_seconds`` decoding and ``read_seconds`` reading URLs on the
+    cluster; the rest, :attr:`transfer_seconds`, is waiting for a CPU, Ray's scheduling and
+    moving the bytes both ways. ``slots`` tasks decode at once; ``elapsed_seconds`` runs
+    from the first task's start to the last answer (wall time)."""
+
+    tasks: int = 0
+    samples: int = 0
+    round_trip_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    read_seconds: float = 0.0
+    slots: int = 1
+    elapsed_seconds: float = 0.0
+
+    @property
+    def transfer_seconds(self) -> float:
+        return max(0.0, self.round_trip_seconds - self.decode_seconds - self.read_seconds)
+
+    @property
+    def busy_share(self) -> float:
+        """Share of the cluster's task slots' time spent decoding and reading (0..1): near 1,
+        the cluster's CPUs are the limit; well below, the transfer or the loader is."""
+        span = self.elapsed_seconds * self.slots
+        return min(1.0, (self.decode_seconds + self.read_seconds) / span) if span > 0 else 0.0
+
+    def __str__(self) -> str:
+        per = 1e3 / self.samples if self.samples else 0.0
+        return (
+            f"ray: {self.tasks} tasks, {self.samples} samples, {self.slots} at once busy "
+            f"{self.busy_share:.0%}; per sample {self.decode_seconds * per:.2f} ms decode, "
+            f"{self.read_seconds * per:.2f} ms reading URLs, {self.transfer_seconds * per:.2f} ms "
+            "waiting and in transfer"
+        )
+
+
+def add_loader_side(
+    mine: DeviceDecodeStats | None, cpu: int, reasons: dict[str, int], share: float
+) -> DeviceDecodeStats:
+    """``mine`` with ``cpu`` more samples decoded by the workers, ``reasons`` more
+    fallbacks, and the workers' ``share`` now (the loader's stage, in its own process)."""
+    mine = mine or DeviceDecodeStats()
+    merged = Counter({k: v for k, v in mine.fallbacks.items() if k not in _BRIDGE})
+    merged.update(reasons)
+    return with_loader_side(mine, (mine.cpu + cpu, dict(merged), share))
+
+
+def with_loader_side(mine: DeviceDecodeStats | None, side: DeviceSide) -> DeviceDecodeStats:
+    """``mine`` with its loader side replaced by ``side`` (a loader process's totals); the
+    bridge's counts stay."""
+    cpu, reasons, share = side
+    mine = mine or DeviceDecodeStats()
+    bridge = {k: v for k, v in mine.fallbacks.items() if k in _BRIDGE}
+    return replace(mine, cpu=cpu, fallbacks={**reasons, **bridge}, share=share)
+
+
+def add_bridge_side(
+    mine: DeviceDecodeStats | None, gpu: int, seconds: float, failed: int, undecodable: int
+) -> DeviceDecodeStats:
+    """``mine`` with the bridge's counts of one batch added (see
+    :meth:`~aioloader.observe.stats.Counters.device_decoded`)."""
+    mine = mine or DeviceDecodeStats()
+    fallbacks = dict(mine.fallbacks)
+    for reason, n in ((BRIDGE_FALLBACK, failed), (UNDECODABLE, undecodable)):
+        if n:
+            fallbacks[reason] = fallbacks.get(reason, 0) + n
+    return replace(mine, gpu=mine.gpu + gpu, gpu_seconds=mine.gpu_seconds + seconds, fallbacks=fallbacks)
+
+
+_BRIDGE = (BRIDGE_FALLBACK, UNDECODABLE)

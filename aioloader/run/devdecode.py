@@ -1,0 +1,131 @@
+"""The device decode on the bridging thread: a half-decoded batch to its tensor on the device.
+
+With ``ImageDecoder(device=...)`` a batch reaches the bridge as an
+:class:`~aioloader.decode.encoded.EncodedBatch` (alone, or with its labels). Before the
+batch's copy, :meth:`DeviceDecode.finish`, on the copier's side stream:
+
+1. makes the batch's ``(rows, 3, H, W)`` ``uint8`` tensor on the device;
+2. copies the rows the CPU workers decoded into their places (from their page-locked
+   slab, as any batch: :meth:`~aioloader.run.device.DeviceCopier.copy_tensor`);
+3. has the batch decoder (:mod:`aioloader.decode.batchdec`) decode the encoded images into
+   theirs, and decodes what it could not with Pillow here, with the same windows;
+4. holds the host bytes until the batch's copy event has completed.
+
+The batch then goes on as any other: its labels copied, an event recorded after all of the
+side stream's work, the trainer's stream made to wait on it. A sample that neither decoder
+can decode is a :class:`~aioloader.DecodeError` naming its file: with ``on_error="raise"``
+the batch's failure; with ``"skip"`` its row is left out of the batch (logged once, and
+counted in ``stats.device_decode.fallbacks``). Samples left out here are not judged by
+``max_failures``, which the loader applies where it decodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from aioloader.config import LoaderConfig
+from aioloader.decode.batchdec import BatchDecoder, batch_decoder_for
+from aioloader.decode.encoded import EncodedBatch
+from aioloader.decode.image import ImageDecoder
+from aioloader.errors import DecodeError
+from aioloader.observe.stats import Counters, DeviceDecodeStats
+from aioloader.run.device import DeviceCopier
+
+__all__ = ["DeviceDecode", "device_decode_for"]
+
+log = logging.getLogger("aioloader")
+
+
+class DeviceDecode:
+    """The bridge's part of ``decoder`` on ``device`` (see the module docstring); ``make``
+    chooses the batch decoder (tests pass their own)."""
+
+    def __init__(
+        self,
+        decoder: ImageDecoder,
+        device: torch.device,
+        counters: Counters,
+        on_error: str,
+        make: Callable[[ImageDecoder, torch.device], BatchDecoder] = batch_decoder_for,
+    ) -> None:
+        self.decoder = decoder
+        self.device = device
+        self._counters = counters
+        self._skip = on_error == "skip"
+        self._make = make
+        self.batch: BatchDecoder | None = None
+        self._warned: set[str] = set()
+
+    def start(self) -> None:
+        """On the bridging thread, its device bound."""
+        self.batch = self._make(self.decoder, self.device)
+        self.batch.start()
+
+    def close(self) -> None:
+        if self.batch is not None:
+            self.batch.close()
+            self.batch = None
+
+    def finish(self, value: Any, copier: DeviceCopier) -> Any:
+        """``value`` with its encoded batch decoded on the device (anything else as it is)."""
+        labels = None
+        encoded = value
+        if isinstance(value, tuple) and not isinstance(value, EncodedBatch) and len(value) == 2:
+            encoded, labels = value
+        if not isinstance(encoded, EncodedBatch):
+            return value
+        start = time.perf_counter()
+        with copier.on_stream():
+            out, failed, dropped = self._decode(encoded, copier)
+        copier.hold(encoded)  # its bytes, read by work still queued on the stream
+        done = len(encoded.gpu_rows) - len(failed)
+        self._counters.device_decoded(done, time.perf_counter() - start, len(failed))
+        if dropped:
+            keep = np.setdiff1d(np.arange(encoded.rows), np.asarray(dropped, dtype=np.int64))
+            out = out[torch.from_numpy(keep).to(out.device)]
+            labels = labels[torch.from_numpy(keep)] if labels is not None else None
+        return out if labels is None else (out, labels)
+
+    def _decode(self, batch: EncodedBatch, copier: DeviceCopier) -> tuple[torch.Tensor, list[int], list[int]]:
+        assert self.batch is not None, "start() was not called"
+        out = torch.empty((batch.rows, 3, batch.height, batch.width), dtype=torch.uint8, device=self.device)
+        if len(batch.cpu_rows):
+            rows = copier.copy_tensor(torch.from_numpy(batch.cpu_rows))
+            out.index_copy_(0, rows, copier.copy_tensor(torch.from_numpy(batch.images)))
+        datas = [batch.encoded(i) for i in range(len(batch.gpu_rows))]
+        views = [out[int(r)] for r in batch.gpu_rows]
+        failed = self.batch.decode(datas, batch.boxes, batch.flips, views, copier.stream) if views else []
+        dropped = []
+        for i in failed:
+            try:
+                pixels = self.decoder.decode_window(bytes(datas[i]), batch.box(i), bool(batch.flips[i]))
+            except Exception as exc:  # noqa: BLE001 - judged by on_error below
+                dropped.append(int(batch.gpu_rows[i]))
+                self._undecodable(batch.paths[i], int(batch.indices[i]), exc)
+                continue
+            views[i].copy_(copier.copy_tensor(torch.from_numpy(pixels)))
+        return out, failed, dropped
+
+    def _undecodable(self, path: str, index: int, exc: Exception) -> None:
+        err = DecodeError(f"cannot decode {path}: {type(exc).__name__}: {exc}", path=path, index=index)
+        if not self._skip:
+            raise err from exc
+        if path not in self._warned:
+            self._warned.add(path)
+            log.warning("aioloader: skipping %s: %s", path, err)
+        self._counters.device_decoded(0, 0.0, 0, undecodable=1)
+
+
+def device_decode_for(config: LoaderConfig, counters: Counters) -> DeviceDecode | None:
+    """The bridge's device decode for a loader of ``config``, if its decoder asks for one."""
+    decoder = config.decode
+    if not isinstance(decoder, ImageDecoder) or decoder.device is None:
+        return None
+    counters.device = DeviceDecodeStats()
+    return DeviceDecode(decoder, config.device, counters, config.on_error)
