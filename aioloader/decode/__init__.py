@@ -9,6 +9,7 @@
 | ``worker.py`` | inside a worker: the installed ``decode``, ``sample_rng``, its lifeline |
 | ``pool.py`` | the worker processes: forkserver start in the background, crash recovery, bounded shutdown |
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |
+| ``nvimgcodec.py`` | ``NvImageCodecDecoder``: a batch's JPEG crops decoded on a GPU, resized as Pillow does |
 
 The memory they decode into is ``memory/``'s; the processes come from ``procs/``.
 
