@@ -1,6 +1,11 @@
 """Train a small CNN on an ImageFolder with a synchronous loop fed by aioloader.
 
     python examples/train_folder.py [ROOT] [--epochs 2] [--device cuda] [--in-process]
+                                           [--decode-on-device]
+
+``--decode-on-device`` decodes the JPEGs on the loader's device: with ``--device cuda``, on
+the GPU (``pip install 'aioloader[gpu]'``); without, on the CPU by the bridging thread (the
+same path, for trying it anywhere).
 
 Without ROOT, a small synthetic JPEG dataset is generated into a temporary folder. The
 ``if __name__ == "__main__"`` guard is good practice; aioloader's workers and loader process
@@ -36,13 +41,20 @@ def make_model(classes: int) -> nn.Module:
 
 
 def train(
-    root: Path, epochs: int, device: str | None, loader_process: bool | Literal["auto"] = "auto"
+    root: Path,
+    epochs: int,
+    device: str | None,
+    loader_process: bool | Literal["auto"] = "auto",
+    decode_on_device: bool = False,
 ) -> None:
     dataset = aioloader.FileDataset.from_folder(root)
     loader = aioloader.Loader(
         dataset,
         batch_size=32,
-        decode=aioloader.ImageDecoder(112, crop="random", hflip=True),
+        # device=...: JPEGs decoded on the loader's device (the rest by the CPU workers).
+        decode=aioloader.ImageDecoder(
+            112, crop="random", hflip=True, device=(device or "cpu") if decode_on_device else None
+        ),
         device=device,
         prefetch=2,
         # "auto" (the default): reads, decoding and batching run in a loader process of their
@@ -69,6 +81,9 @@ def train(
                 f"epoch {epoch}: loss {total / n:.3f}, {n / (time.perf_counter() - start):.0f} samples/s, "
                 f"waited {stats.epoch_wait_seconds:.2f} s for data"
             )
+        if stats.device_decode is not None:
+            dd = stats.device_decode
+            print(f"decoded on {device or 'cpu'}: {dd.gpu}, by the CPU workers: {dd.cpu} {dd.fallbacks}")
 
 
 def main() -> None:
@@ -83,13 +98,16 @@ def main() -> None:
         default="auto",
         help="load in this process (loader_process=False; default: a loader process where one can be made)",
     )
+    parser.add_argument(
+        "--decode-on-device", action="store_true", help="decode the JPEGs on the loader's device"
+    )
     args = parser.parse_args()
     if args.root is not None:
-        train(args.root, args.epochs, args.device, args.loader_process)
+        train(args.root, args.epochs, args.device, args.loader_process, args.decode_on_device)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = make_image_folder(Path(tmp) / "train", num_images=256, num_classes=4, size=(160, 120))
-        train(root, args.epochs, args.device, args.loader_process)
+        train(root, args.epochs, args.device, args.loader_process, args.decode_on_device)
 
 
 if __name__ == "__main__":

@@ -64,3 +64,14 @@ def test_ddp_train_stops_and_resumes_under_torchrun(tmp_path: Path) -> None:
     resumed = run([*torchrun, *example], tmp_path)
     assert "resumed at epoch 0, batch 2 of 8" in resumed, resumed
     assert "epoch 0: 6 batches on rank 0" in resumed, resumed
+
+
+@pytest.mark.slow
+def test_train_folder_decodes_on_the_loaders_device(tmp_path: Path) -> None:
+    """``examples/train_folder.py --decode-on-device``, started by a relative path from its
+    folder: without a GPU the device path runs on the CPU, and the script says where the
+    samples were decoded."""
+    out = run(["train_folder.py", "--epochs", "1", "--decode-on-device"], EXAMPLES)
+    lines = out.splitlines()
+    assert lines[0].startswith("epoch 0: loss "), out
+    assert lines[1].startswith("decoded on cpu: ") and "by the CPU workers" in lines[1], out
