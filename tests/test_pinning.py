@@ -12,9 +12,7 @@ still mapped. The real CUDA calls run in the ``cuda``-marked tests of test_devic
 from __future__ import annotations
 
 import ctypes
-import queue
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -72,41 +70,45 @@ class Registrar:
 
 
 class LateEvent:
-    def __init__(self) -> None:
-        self.done = threading.Event()
+    def __init__(self, ops: LateOps) -> None:
+        self.ops = ops
+        self.done = False
 
     def query(self) -> bool:
-        return self.done.is_set()
+        return self.done
 
     def synchronize(self) -> None:
-        assert self.done.wait(30), "a copy never completed"
+        self.ops.complete(self)
 
 
 class LateOps:
-    """A "device" whose copies complete ``delay`` seconds later, in issue order, on its own
-    thread, which reads the source only then (as a GPU's DMA engine does)."""
+    """A "device" as slow as the rules allow: a copy from page-locked memory happens only
+    when an event recorded after it is waited for (or at close), in issue order, and reads
+    its source then, by address (as a GPU's DMA engine does). Memory given back before its
+    copy's event was waited for has been reused by then, and the batch differs."""
 
-    def __init__(self, registrar: Registrar, delay: float = 0.03) -> None:
-        self.delay = delay
+    def __init__(self, registrar: Registrar) -> None:
         self._registrar = registrar
-        self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.stream: threading.Thread | None = None
+        self._work: list[Any] = []
+        self._lock = threading.Lock()
+        self.stream: object | None = None
         self.thread_device = 0
         self.staging: set[int] = set()  # addresses of the staging buffers
 
     def start(self) -> None:
-        self.stream = threading.Thread(target=self._run, name="test-late-copies", daemon=True)
-        self.stream.start()
+        self.stream = object()
 
-    def _run(self) -> None:
-        while (job := self._work.get()) is not None:
-            if isinstance(job, LateEvent):
-                job.done.set()
-                continue
-            address, nbytes, out = job
-            time.sleep(self.delay)
-            raw = (ctypes.c_uint8 * nbytes).from_address(address)
-            out.view(-1).view(torch.uint8).copy_(torch.frombuffer(raw, dtype=torch.uint8))
+    def complete(self, upto: LateEvent | None) -> None:
+        """Do the copies issued before ``upto`` (None: all of them)."""
+        with self._lock:
+            while self._work and (upto is None or not upto.done):
+                job = self._work.pop(0)
+                if isinstance(job, LateEvent):
+                    job.done = True
+                    continue
+                address, nbytes, out = job
+                raw = (ctypes.c_uint8 * nbytes).from_address(address)
+                out.view(-1).view(torch.uint8).copy_(torch.frombuffer(raw, dtype=torch.uint8))
 
     def copy(self, src: torch.Tensor) -> torch.Tensor:
         """As CUDA does: from page-locked memory (registered, or a staging buffer) the copy
@@ -119,7 +121,8 @@ class LateOps:
         if not (src.is_contiguous() and locked):
             out.copy_(src)
             return out
-        self._work.put((src.data_ptr(), nbytes, out))
+        with self._lock:
+            self._work.append((src.data_ptr(), nbytes, out))
         return out
 
     def locked(self, address: int, nbytes: int) -> bool:
@@ -127,8 +130,9 @@ class LateOps:
             return any(a <= address and address + nbytes <= a + n for a, n in self._registrar.live.items())
 
     def record(self) -> LateEvent:
-        event = LateEvent()
-        self._work.put(event)
+        event = LateEvent(self)
+        with self._lock:
+            self._work.append(event)
         return event
 
     def wait(self, event: Any) -> None:
@@ -147,10 +151,8 @@ class LateOps:
         return self._registrar
 
     def close(self) -> None:
-        if self.stream is not None:
-            self._work.put(None)
-            self.stream.join(10)
-            self.stream = None
+        self.complete(None)
+        self.stream = None
 
 
 @pytest.fixture

@@ -154,9 +154,9 @@ class Bridge:
                     with self.meter.timed():
                         item = self._to_device(item)
                 delivered = run.handoff.put(item)
-                # The copies of this batch read its slabs: they go back to the loader (which
-                # may be waiting for one to make the next batch) once those have completed.
-                self.copier.settle()
+                # The copies of a batch read its slabs: they go back to the loader once those
+                # completed; the newest batch's may go on while the next one is fetched.
+                self.copier.settle(keep=1)
                 if not delivered or isinstance(item, (End, Failure)):
                     return
         finally:

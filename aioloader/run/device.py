@@ -187,7 +187,9 @@ class DeviceCopier:
         if self.ops is not None:
             self.ops.start()
             if self.pin_memory:
-                self.pins = HostPins(self.ops.registrar())
+                # A mapping is released only once no copy reads it (it is unmapped on this
+                # thread, between batches: SlabMaps.get).
+                self.pins = HostPins(self.ops.registrar(), before_unpin=self.settle)
 
     def to_device(self, value: Any) -> tuple[Any, Any]:
         """``(value on the device, event recorded after its copies or None)``: every tensor
@@ -242,12 +244,14 @@ class DeviceCopier:
             return torch.cuda.stream(self.ops.stream)
         return nullcontext()
 
-    def settle(self) -> None:
-        """Wait (here, on the bridge) for the copies still reading slabs, and let go of
-        their host tensors, so that the slabs can go back to the loader. Called after each
-        hand-off: a slab kept longer could be the one the loader waits for to make the next
-        batch."""
-        while self._held:
+    def settle(self, keep: int = 0) -> None:
+        """Wait (here, on the bridge) for the copies still reading slabs, all but the
+        ``keep`` newest batches', and let go of their host memory, so that the slabs can go
+        back to the loader. The bridge calls it after each hand-off with ``keep=1``: the
+        batch just handed over may still be copying (or decoding on the device) while the
+        next one is fetched, and the slab pool counts one batch in the bridge; an older one
+        kept could be the slab the loader waits for to make the next batch."""
+        while len(self._held) > keep:
             event, _ = self._held[0]
             event.synchronize()
             self._held.popleft()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -61,8 +62,9 @@ class HostPins:
     that :meth:`pin` and :meth:`covers` run on the bridge thread; :meth:`unpin` and
     :meth:`close` may run on another once the bridge has stopped."""
 
-    def __init__(self, registrar: Registrar) -> None:
+    def __init__(self, registrar: Registrar, before_unpin: Callable[[], None] = lambda: None) -> None:
         self._registrar = registrar
+        self._before_unpin = before_unpin
         self._pinned: dict[int, int] = {}  # address -> size
         self.refused: str | None = None  # why the first refusal was made
 
@@ -98,7 +100,9 @@ class HostPins:
         if m.closed:
             return
         address = address_of(m)
-        if self._pinned.pop(address, None) is not None:
+        if address in self._pinned:
+            self._before_unpin()  # every copy that may read it has completed
+            del self._pinned[address]
             self._registrar.unregister(address)
 
     def close(self) -> None:
