@@ -116,6 +116,11 @@ def spawn_zygote(listener_fd: int, alive_r: int, parent: int | None) -> int:
         f"main({listener_fd}, {alive_r}, {parent!r}, {preloads()!r})"
     )
     exe = spawn.get_executable()
+    # An exec that fails is only a child exiting 255: say so now (OSError: no zygote), as
+    # where this user may not run the interpreter it was started with (a virtualenv
+    # pointing into another user's home).
+    if not os.access(exe, os.X_OK):
+        raise PermissionError(f"cannot run {os.fsdecode(exe)}: no zygote started clean")
     args = [exe, *util._args_from_interpreter_flags(), "-c", cmd]  # type: ignore[attr-defined]
     return util.spawnv_passfds(os.fsencode(exe), args, [listener_fd, alive_r])
 
