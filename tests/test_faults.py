@@ -206,7 +206,9 @@ def test_never_a_partial_image_whatever_the_script_sets_in_pillow(
     that decodes has it, the zygote and so the workers and the loader process included; set
     once a loader has started ("late"), only the script's own process does (hot start's
     thread in the trainer), since the zygote, which forks the workers and the loader
-    process, copied the process before."""
+    process, copied the process before. The script keeps one OS thread (one OpenBLAS
+    thread) so that its zygote is such a copy (tests/test_zygote_threads.py); one started
+    clean, as from a multi-threaded trainer, has Pillow's default in every helper."""
     root = make_image_folder(tmp_path / "img", num_images=9, num_classes=3, size=(64, 48))
     damaged = {
         root / "class_00" / "a_cut.jpg": lambda data: data[: len(data) // 2],
@@ -221,7 +223,12 @@ def test_never_a_partial_image_whatever_the_script_sets_in_pillow(
     png.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
     bad = sorted(str(p) for p in [*damaged, png])
     script = tmp_path / "train.py"
-    proc = start_script(script, PILLOW_FLAG_SCRIPT, [str(script), setting, runtime, str(root)])
+    proc = start_script(
+        script,
+        PILLOW_FLAG_SCRIPT,
+        [str(script), setting, runtime, str(root)],
+        env={"OPENBLAS_NUM_THREADS": "1"},
+    )
     out, err = finish_script(proc)
     assert proc.returncode == 0, err
     got = json.loads(out)

@@ -249,7 +249,10 @@ def test_each_epochs_plan_is_made_once_where_its_batches_are(tmp_path: Path, num
     ``state_dict``, ``len`` and the progress of an epoch make none."""
     log = tmp_path / "orders.log"
     script = tmp_path / "counted.py"
-    proc = start_script(script, COUNTED, args=[str(script), json.dumps(numbered), str(log)])
+    # One OS thread (one OpenBLAS thread): its zygote is a fork of it, so the loader process
+    # has the script's counting epoch_order (a zygote started clean would not).
+    env = {"OPENBLAS_NUM_THREADS": "1"}
+    proc = start_script(script, COUNTED, args=[str(script), json.dumps(numbered), str(log)], env=env)
     out, err = finish_script(proc, timeout=120)
     assert proc.returncode == 0, err
     result = json.loads(out.splitlines()[-1])

@@ -1,6 +1,7 @@
-"""A fast first batch. The zygote: decode workers are forked by a single-threaded fork of
-the trainer, made before the loader had any thread, so a decode function defined in the
-training script (which imports torch) starts without importing anything. Hot start: until
+"""A fast first batch. The zygote: decode workers are forked by a fork server made before the
+loader had any thread (a fork of a single-threaded trainer, or a fresh interpreter that
+preloaded what they import: tests/test_zygote_threads.py), so a decode function defined in
+the training script (which imports torch) starts without importing anything. Hot start: until
 the workers are up, the built-in ``ImageDecoder`` decodes on a thread of the loader's
 process, seen here by holding the workers back. Scripts run in their own session; what they
 leave behind is found with pgrep."""

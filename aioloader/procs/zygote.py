@@ -1,20 +1,35 @@
-"""The zygote: a fork server made by ``fork``, before the loader has any thread.
+"""The zygote: the one fork server every loader of the process gets its helpers from.
 
-Decode workers must not be plain ``fork`` children of the trainer once the loader's threads
-exist (a lock held by one of them would be copied, held forever, into the child). The stock
+Decode workers must not be plain ``fork`` children of the trainer once other threads exist
+(a lock held by one of them would be copied, held forever, into the child). The stock
 ``forkserver`` avoids that by exec'ing a fresh interpreter that then forks the workers, but
 that interpreter must import what the workers need: with a training script that imports
 torch, the first batch waits a second or more for it.
 
-The zygote gets both: when the first loader of the process starts, and only if no
-``aioloader-*`` thread exists yet, the process forks once (and closes, in the copy, the
-trainer's pipes and sockets). The child is single-threaded,
-already holds every module the trainer imported (the decode function's included), and runs
-multiprocessing's own fork-server loop; workers are forked from it in milliseconds. It is
-shared by every loader of the process, like the stock fork server, and exits when the
-trainer's process does, however it ends: its "alive" pipe, whose write end only the trainer
-holds, reaches end of file, and on Linux the kernel kills it too (see
-:mod:`aioloader.safety.lifeline`).
+The zygote is started when the first loader of the process starts, and only if no
+``aioloader-*`` thread exists yet, in one of two ways (:func:`started_by`), chosen by a rule
+about the process's OS threads, not only aioloader's
+(:func:`aioloader.procs.cleanstart.how_to_start`):
+
+- ``"fork"``, where the trainer has exactly one OS thread: nothing can hold a lock at the
+  fork. The child already holds every module the trainer imported (the decode function's
+  included), closes its copies of the trainer's pipes and sockets, and never collects
+  objects copied from the trainer.
+- ``"spawn"``, otherwise (the usual case: a trainer that made its CUDA context or ran a
+  parallel torch op has the driver's and OpenMP's threads, and ``import numpy`` alone starts
+  OpenBLAS's on a machine with several cores): a fresh interpreter, exec'd like the stock
+  fork server's, which imports what the loader process and the workers need before serving
+  (:mod:`aioloader.procs.cleanstart`). Nothing of the trainer's is copied into it, so a lock
+  held at that moment by one of the trainer's threads cannot reach a helper; its first
+  helpers wait for its imports once, never each for its own.
+
+Either way it names itself ``aioloader-fork``, runs multiprocessing's own fork-server loop,
+forks helpers in milliseconds, and is shared by every loader of the process. It exits when
+the trainer's process does, however it ends: its "alive" pipe, whose write end only the
+trainer holds, reaches end of file, and on Linux the kernel kills it too when it was started
+from the trainer's main thread (the parent-death signal follows the starting thread; see
+:mod:`aioloader.safety.lifeline`). Each helper takes the trainer's environment, working
+directory and ``sys.path`` of the moment its loader starts (:mod:`aioloader.procs.forking`).
 
 Where it cannot be made (not POSIX, a Python whose fork-server internals differ, a loader
 thread already running), :func:`context` returns None and workers come from the stock
@@ -42,10 +57,9 @@ from multiprocessing import (
 from multiprocessing import context as mpcontext
 from typing import Any
 
-from aioloader.procs import forking, roles
-from aioloader.safety import lifeline
+from aioloader.procs import cleanstart, forking
 
-__all__ = ["address", "adopt", "context", "pid"]
+__all__ = ["address", "adopt", "context", "pid", "started_by"]
 
 _lock = threading.Lock()
 _server: _Zygote | None = None
@@ -55,8 +69,14 @@ _context: ZygoteContext | None = None
 class _Zygote(forkserver.ForkServer):
     """A ``ForkServer`` whose server process is forked from this one (see the module)."""
 
+    #: How this zygote was started (:func:`started_by`); None for one adopted.
+    started_by: cleanstart.Start | None = None
+
     def start(self) -> None:
-        resource_tracker.ensure_running()  # before the fork: workers share this one
+        resource_tracker.ensure_running()  # before the zygote: workers share this one
+        how = cleanstart.how_to_start(
+            cleanstart.os_threads(), threading.active_count(), cleanstart.cuda_initialized()
+        )
         with socket.socket(socket.AF_UNIX) as listener:
             address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
             listener.bind(address)
@@ -66,13 +86,21 @@ class _Zygote(forkserver.ForkServer):
             # Only this process holds the write end of the "alive" pipe: when it exits,
             # however, the read end reaches end of file and the zygote's loop returns.
             alive_r, alive_w = os.pipe()
-            # The kernel's parent-death signal fires when the forking *thread* ends: ask for
+            # The kernel's parent-death signal fires when the starting *thread* ends: ask for
             # it only when that is the main thread, which lives as long as the process.
             parent = os.getpid() if threading.current_thread() is threading.main_thread() else None
-            child = os.fork()
-            if child == 0:  # pragma: no cover - runs in the zygote (tests see its effects)
-                _become_zygote(listener.fileno(), alive_r, parent)
-            os.close(alive_r)
+            try:
+                if how == "fork":
+                    child = os.fork()
+                    if child == 0:  # pragma: no cover - runs in the zygote (tests see its effects)
+                        _become_zygote(listener.fileno(), alive_r, parent)
+                else:
+                    child = cleanstart.spawn_zygote(listener.fileno(), alive_r, parent)
+            except BaseException:
+                os.close(alive_w)
+                raise
+            finally:
+                os.close(alive_r)
             # The stock fork server hands its client's "alive" fd to every child it forks,
             # so that it outlives them. Ours must not: a worker holding it would keep the
             # zygote (and so itself) alive after the trainer died. Workers get the write
@@ -83,6 +111,7 @@ class _Zygote(forkserver.ForkServer):
         self._forkserver_alive_fd = unread_w
         self._alive_w = alive_w
         self._forkserver_pid = child
+        self.started_by = how
 
     def ensure_running(self) -> None:
         """The zygote runs from :meth:`start` on; it is never restarted here (a fork now
@@ -90,15 +119,13 @@ class _Zygote(forkserver.ForkServer):
 
 
 def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
+    """The forked zygote: leave the trainer's state behind, then serve (never returns)."""
     global _lock
-    code = 0
     try:
         # The trainer forked this process inside ``with _lock``: this copy of it would stay
         # held for ever, in the zygote and in everything it forks.
         _lock = threading.Lock()
-        roles.become("zygote")
-        if parent is not None:
-            lifeline.die_with_parent(parent)
+        cleanstart.begin(parent)
         # Objects of the trainer that were garbage at the fork stay uncollected: their
         # finalizers must not close file descriptors or files that are not ours.
         gc.freeze()
@@ -108,10 +135,6 @@ def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
         # may be one of those closed below and then reused (by a slab's mapping, say).
         if faulthandler.is_enabled():
             faulthandler.enable(file=sys.__stderr__ or 2, all_threads=True)
-        # A worker being forked when the trainer dies finds its start-up data cut short
-        # (EOFError, reported by the fork-server loop through sys.excepthook): nobody is
-        # left to start it for, or to read a traceback about it.
-        sys.excepthook = _quiet_when_orphaned
         # Pipes and sockets of the trainer are closed: a copy held here would keep their
         # other end from ever seeing end-of-file. Other files stay open, as after any fork:
         # objects copied from the trainer (a log handler, say) may still write to them, and
@@ -123,18 +146,9 @@ def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
                     os.close(fd)
                 except OSError:
                     pass
-        forkserver.main(listener_fd, alive_r, [])
-    except SystemExit:  # the trainer's process is gone (the "alive" pipe closed)
-        code = 0
     except BaseException:  # noqa: BLE001 - whatever happens, never return into the trainer's code
-        code = 1
-    finally:
-        os._exit(code)
-
-
-def _quiet_when_orphaned(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-    if not issubclass(kind, EOFError):
-        sys.__excepthook__(kind, value, tb)
+        os._exit(1)
+    cleanstart.serve(listener_fd, alive_r)
 
 
 def _is_pipe_or_socket(fd: int) -> bool:
@@ -190,8 +204,9 @@ def _loader_threads() -> list[str]:
 
 
 def context() -> ZygoteContext | None:
-    """The zygote's context, starting the zygote now if this is the first call and it is
-    safe to fork (see the module docstring); None: use the stock fork server."""
+    """The zygote's context, starting the zygote now if this is the first call and no loader
+    thread runs (forked or in a fresh interpreter, see the module docstring); None: use the
+    stock fork server."""
     global _server, _context
     with _lock:
         if _context is not None:
@@ -205,6 +220,13 @@ def context() -> ZygoteContext | None:
             return None
         _context = ZygoteContext()
         return _context
+
+
+def started_by() -> cleanstart.Start | None:
+    """How this process's zygote was started: ``"fork"`` (a copy of this process) or
+    ``"spawn"`` (a fresh interpreter), see the module; None where it started none (no zygote
+    yet, none possible, or one adopted from the process that started it)."""
+    return _server.started_by if _server is not None else None
 
 
 def pid() -> int | None:

@@ -3,9 +3,10 @@ reads, the decode pool and ``collate`` of one loader, away from the trainer's pr
 GIL.
 
 It is forked by the zygote (:mod:`aioloader.procs.zygote`), so it starts in milliseconds with what
-the trainer had imported, and asks the same zygote for its decode workers
-(:func:`~aioloader.procs.zygote.adopt`). It ends with the trainer, however the trainer ends
-(:func:`~aioloader.safety.lifeline.follow_parent`). Its event loop runs on its main thread.
+the trainer had imported (or, from a zygote started clean, what that preloaded), and asks the
+same zygote for its decode workers (:func:`~aioloader.procs.zygote.adopt`). It ends with the
+trainer, however the trainer ends (:func:`~aioloader.safety.lifeline.follow_parent`). Its
+event loop runs on its main thread.
 
 Two channels join it to the trainer (:mod:`aioloader.run.procruntime`)::
 
@@ -73,7 +74,7 @@ def main(
     process."""
     roles.become("loader")
     lifeline.follow_parent()
-    torch = sys.modules.get("torch")  # imported by the trainer this process is a fork of
+    torch = sys.modules.get("torch")  # imported by the trainer (or preloaded by the zygote)
     if torch is not None:
         # One intra-op thread, as DataLoader's workers and ours have: the trainer's OpenMP
         # pool did not survive the fork, and a parallel torch op here (a collate's, or a
