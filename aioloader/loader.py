@@ -28,6 +28,7 @@ from aioloader.observe.stats import Counters, LoaderStats
 from aioloader.plan.epochs import Epochs
 from aioloader.plan.resume import check_state, make_state
 from aioloader.plan.sampler import num_batches, shard_size
+from aioloader.procs import roles, zygote
 from aioloader.read.backends import StorageBackend
 from aioloader.read.urls import is_remote
 from aioloader.run.cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
@@ -247,6 +248,17 @@ class Loader:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._counters = Counters.for_loader(self._config, is_remote(self._dataset.path(0)))
         self._epochs = Epochs(self._config, len(self._dataset))
+        self._early_zygote()
+
+    def _early_zygote(self) -> None:
+        """The zygote now, not when the loader starts: a trainer usually makes its model
+        (its CUDA context, its intra-op threads) in between, and the zygote is then still
+        forked (milliseconds) rather than started clean (a second or more; started clean,
+        it boots meanwhile). See :mod:`aioloader.procs.cleanstart`."""
+        cfg = self._config
+        uses_helpers = cfg.start_in == "process" or (cfg.decode is not None and cfg.decode_on == "local")
+        if uses_helpers and roles.role() is None:
+            zygote.context()
 
     # -- properties -------------------------------------------------------------------------
     @property

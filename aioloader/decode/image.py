@@ -46,8 +46,9 @@ class ImageDecoder:
     which Pillow itself fills what is missing with grey. The global is only read, never
     changed (other threads may use Pillow meanwhile), and whether it reached the process that
     decodes does not matter: workers see the script's globals as they were when its first
-    loader started (the zygote's copy), hot start sees them as they are. Damage the decoder
-    cannot see is not caught: garbage inside a JPEG's entropy-coded data decodes without an
+    loader started where the zygote was forked (its copy), Pillow's defaults where it started
+    clean (a trainer with a CUDA context or intra-op threads), hot start sees them as they
+    are. Damage the decoder cannot see is not caught: garbage inside a JPEG's entropy-coded data decodes without an
     error (libjpeg only warns, and Pillow does not report its warnings), into an image that
     is wrong from the damaged block row down.
 

@@ -4,11 +4,16 @@
 A ``fork`` copies one thread, the caller's, and every lock as it was: one held by another
 thread at that moment (the CUDA driver's, OpenMP's, malloc's, a logging handler's) stays
 held for ever in the copy and in all it forks. So the zygote is forked from the trainer only
-where the trainer has exactly one OS thread: counted in ``/proc/self/task`` (every thread,
-a C library's too: PyTorch's intra-op pool, the CUDA driver's, OpenBLAS's), or, where that
-cannot be read, Python's own threads and whether torch has made its CUDA context. A real
-trainer usually has made them (and ``import numpy`` alone starts OpenBLAS's pool on a
-machine with several cores), so the usual start is the other one: a fresh interpreter,
+where the trainer will have exactly one OS thread when it forks: counted in
+``/proc/self/task`` (every thread, a C library's too: PyTorch's intra-op pool, the CUDA
+driver's), less OpenBLAS's server threads, which OpenBLAS itself stops before any fork (its
+``pthread_atfork`` handler; numpy's pool starts at ``import numpy`` on a machine with several
+cores, and Python 3.12 forks such a process without its multi-threaded warning: the threads
+are gone by then). OpenBLAS's threads are counted with threadpoolctl (the loky and
+scikit-learn authors' library for native thread pools). Where ``/proc`` cannot be read:
+Python's own threads, and whether torch has made its CUDA context. A trainer that has made
+its CUDA context or run PyTorch's intra-op pool has other threads, so there the start is the
+other one (about a second more before the first batch, measured in RESULTS): a fresh interpreter,
 exec'd with only the zygote's listening socket and its "alive" pipe (the way the stock
 ``multiprocessing.forkserver`` starts, with ``util.spawnv_passfds``: no Python code runs
 between its fork and its exec, and nothing of the trainer's is copied), which imports what
@@ -42,6 +47,7 @@ __all__ = [
     "preloads",
     "serve",
     "spawn_zygote",
+    "stopped_at_fork",
 ]
 
 Start = Literal["fork", "spawn"]
@@ -72,14 +78,27 @@ _HELPERS = (
 _SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1"}
 
 
-def how_to_start(os_threads: int | None, python_threads: int, cuda: bool) -> Start:
+def how_to_start(os_threads: int | None, python_threads: int, cuda: bool, stopped_at_fork: int = 0) -> Start:
     """``"fork"`` where forking this process copies no other thread (see the module):
-    ``os_threads``, its OS threads (None where they cannot be counted); ``python_threads``,
+    ``os_threads``, its OS threads (None where they cannot be counted), ``stopped_at_fork``
+    of them stopped by their own library before a fork (OpenBLAS's); ``python_threads``,
     ``threading.active_count()``; ``cuda``, whether torch's CUDA context exists. Else
     ``"spawn"``: a fresh interpreter."""
     if os_threads is not None:
-        return "fork" if os_threads == 1 else "spawn"
+        return "fork" if os_threads - stopped_at_fork == 1 and python_threads == 1 else "spawn"
     return "fork" if python_threads == 1 and not cuda else "spawn"
+
+
+def stopped_at_fork() -> int:
+    """OpenBLAS's server threads in this process (its pool of ``n`` threads runs ``n - 1``
+    of them beside the caller); 0 where threadpoolctl cannot say."""
+    try:
+        from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
+
+        pools = threadpool_info()
+    except Exception:  # noqa: BLE001 - unknown: count every thread
+        return 0
+    return sum(max(0, int(p.get("num_threads", 1)) - 1) for p in pools if p.get("internal_api") == "openblas")
 
 
 def os_threads() -> int | None:

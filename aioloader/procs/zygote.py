@@ -75,7 +75,10 @@ class _Zygote(forkserver.ForkServer):
     def start(self) -> None:
         resource_tracker.ensure_running()  # before the zygote: workers share this one
         how = cleanstart.how_to_start(
-            cleanstart.os_threads(), threading.active_count(), cleanstart.cuda_initialized()
+            cleanstart.os_threads(),
+            threading.active_count(),
+            cleanstart.cuda_initialized(),
+            cleanstart.stopped_at_fork(),
         )
         with socket.socket(socket.AF_UNIX) as listener:
             address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
