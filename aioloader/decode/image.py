@@ -48,9 +48,9 @@ class ImageDecoder:
     decodes does not matter: workers see the script's globals as they were when its first
     loader started where the zygote was forked (its copy), Pillow's defaults where it started
     clean (a trainer with a CUDA context or intra-op threads), hot start sees them as they
-    are. Damage the decoder cannot see is not caught: garbage inside a JPEG's entropy-coded data decodes without an
-    error (libjpeg only warns, and Pillow does not report its warnings), into an image that
-    is wrong from the damaged block row down.
+    are. Damage the decoder cannot see is not caught: garbage inside a JPEG's entropy-coded
+    data decodes without an error (libjpeg only warns, and Pillow does not report its
+    warnings), into an image that is wrong from the damaged block row down.
 
     Picklable (plain attributes), so it can be sent to worker processes.
 
