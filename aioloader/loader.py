@@ -1,10 +1,8 @@
 """``Loader``: the public front-ends (``for``, ``async for``, ``with``, ``async with``) over
-the one engine.
-
-The loader owns a lifecycle state and, once started, a :class:`~aioloader.run.runtime.Runtime`.
-Both iterators (:mod:`aioloader.run.cursor`) read the same hand-off the bridging thread fills:
-the sync one blocks on it, the async one awaits it on the caller's loop. Neither runs any
-pipeline logic of its own.
+the one engine. It owns a lifecycle state and, once started, a runtime
+(:mod:`aioloader.run.runtime`). Both iterators (:mod:`aioloader.run.cursor`) read the same
+hand-off the bridging thread fills: the sync one blocks on it, the async one awaits it on the
+caller's loop. Neither runs any pipeline logic of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from aioloader.observe.stats import Counters, LoaderStats
 from aioloader.plan.epochs import Epochs
 from aioloader.plan.resume import check_state, make_state
 from aioloader.plan.sampler import num_batches, shard_size
-from aioloader.procs import roles, zygote
+from aioloader.procs import zygote
 from aioloader.read.backends import StorageBackend
 from aioloader.read.urls import is_remote
 from aioloader.run.cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
@@ -204,6 +202,8 @@ class Loader:
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
+        if decode_on == "local" and (decode is not None or loader_process is not False):
+            zygote.early()  # before the arguments touch CUDA: see the function
         self._config = LoaderConfig.create(
             batch_size=batch_size,
             decode=decode,
@@ -248,17 +248,6 @@ class Loader:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._counters = Counters.for_loader(self._config, is_remote(self._dataset.path(0)))
         self._epochs = Epochs(self._config, len(self._dataset))
-        self._early_zygote()
-
-    def _early_zygote(self) -> None:
-        """The zygote now, not when the loader starts: a trainer usually makes its model
-        (its CUDA context, its intra-op threads) in between, and the zygote is then still
-        forked (milliseconds) rather than started clean (a second or more; started clean,
-        it boots meanwhile). See :mod:`aioloader.procs.cleanstart`."""
-        cfg = self._config
-        uses_helpers = cfg.start_in == "process" or (cfg.decode is not None and cfg.decode_on == "local")
-        if uses_helpers and roles.role() is None:
-            zygote.context()
 
     # -- properties -------------------------------------------------------------------------
     @property

@@ -98,6 +98,14 @@ def test_pinned_pool_is_bounded_and_waits_for_the_oldest_copy() -> None:
     assert sum(e.waited for e in events) == 98  # every reuse past the bound waited, in order
 
 
+def test_pinned_pool_goes_over_its_bound_rather_than_fail() -> None:
+    """A batch that needs more buffers than the bound (many leaves, or many rows decoded
+    again) holds them all, none in flight yet: the pool lends one more."""
+    pool = PinnedPool(limit=2, allocate=lambda n: torch.empty(n, dtype=torch.uint8))
+    held = [pool.acquire(64) for _ in range(3)]
+    assert pool.allocated == 3 and len({b.data_ptr() for b in held}) == 3
+
+
 def test_pinned_pool_evicts_other_sizes_at_the_bound() -> None:
     pool = PinnedPool(limit=1, allocate=lambda n: torch.empty(n, dtype=torch.uint8))
     pool.release_after(FakeEvent(), [pool.acquire(10)])

@@ -185,8 +185,10 @@ class FakeCodec(types.ModuleType):
                 return sub
 
         class Decoder:
-            def __init__(self, device_id: int, options: str) -> None:
-                fake.calls.append({"device_id": device_id, "options": options})
+            def __init__(self, device_id: int, max_num_cpu_threads: int, options: str) -> None:
+                fake.calls.append(
+                    {"device_id": device_id, "threads": max_num_cpu_threads, "options": options}
+                )
 
             def decode(self, src: Any, *, params: DecodeParams, cuda_stream: int) -> Any:
                 fake.calls.append(
@@ -257,7 +259,7 @@ def test_decode_gives_the_cpu_paths_pixels_and_the_failed_positions(fake: FakeCo
     assert failed == BAD
     check(out, resample, mean=0.5, most=0 if resample == "nearest" else 1)
     start, call = fake.calls
-    assert start == {"device_id": 0, "options": ":fancy_upsampling=1"}
+    assert start == {"device_id": 0, "threads": 1, "options": ":fancy_upsampling=1"}
     # one batched call of the parsed JPEGs, on the caller's stream, EXIF orientation ignored
     assert call == {
         "n": 5,

@@ -49,10 +49,10 @@ class Registrar:
         self.errors: list[str] = []
         self.lock = threading.Lock()
 
-    def register(self, address: int, size: int) -> str | None:
+    def register(self, address: int, size: int) -> tuple[str, bool] | None:
         with self.lock:
             if self.refuse:
-                return "operation not supported"
+                return "operation not supported", True
             if address in self.live:
                 self.errors.append(f"{address:#x} registered twice")
             if not mapped(address) or not mapped(address + size - 1):

@@ -59,9 +59,11 @@ class ImageDecoder:
     hardware JPEG engine where it has one; ``pip install 'aioloader[gpu]'``), crops, resizes
     and flips each image with the window drawn as on the CPU, so that batches equal the CPU
     path's in shape, dtype, order, labels and crop windows, and in pixels within the
-    rounding of two IDCTs and resamplers. What the GPU cannot decode (PNG, CMYK, a 12-bit
-    JPEG, a decode error) is decoded by the CPU workers, sample by sample, and idle CPU
-    workers take a measured share of each batch (``loader.stats.device_decode``).
+    rounding of two IDCTs and resamplers (against ``draft=False``: the GPU always decodes at
+    full scale, where ``draft`` lets the CPU decode at a reduced one). What the GPU cannot
+    decode (PNG, CMYK, a 12-bit JPEG, a decode error) is decoded by the CPU workers, sample
+    by sample, and idle CPU workers take a measured share of each batch
+    (``loader.stats.device_decode``).
     ``device="cpu"`` runs that same path with Pillow on the bridging thread: for tests and
     for comparing, never faster than the workers. Needs the loader's ``device`` to be that
     device (``Loader(..., device="cuda")``) and the default ``collate``.

@@ -194,7 +194,12 @@ class NvImageCodecDecoder:
         index = self._device.index if self._device.index is not None else torch.cuda.current_device()
         # fancy_upsampling: chroma upsampled by interpolation, as libjpeg-turbo (Pillow) does;
         # nvImageCodec 0.7 and 0.8 default to off.
-        self._decoder = self._nv.Decoder(device_id=index, options=":fancy_upsampling=1")
+        # One CPU thread for its host side (parsing; Huffman decoding where the hardware engine
+        # does not take an image): no pool of the trainer's process works per batch but the
+        # bridge (0 would start one thread per core).
+        self._decoder = self._nv.Decoder(
+            device_id=index, max_num_cpu_threads=1, options=":fancy_upsampling=1"
+        )
 
     def close(self) -> None:
         self._decoder = None
@@ -265,6 +270,8 @@ class NvImageCodecDecoder:
         try:
             images = list(self._decoder.decode(codes, params=self._params, cuda_stream=stream.cuda_stream))
         except Exception:  # noqa: BLE001 - retried image by image below
+            images = [None] * len(codes)
+        if len(images) != len(codes):  # entries dropped (an image over its size limit): unaligned
             images = [None] * len(codes)
         if len(codes) == 1 or any(img is not None for img in images):
             return images

@@ -90,15 +90,21 @@ def how_to_start(os_threads: int | None, python_threads: int, cuda: bool, stoppe
 
 
 def stopped_at_fork() -> int:
-    """OpenBLAS's server threads in this process (its pool of ``n`` threads runs ``n - 1``
-    of them beside the caller); 0 where threadpoolctl cannot say."""
+    """OpenBLAS's server threads in this process, of its pthreads build (its pool of ``n``
+    threads runs ``n - 1`` of them beside the caller); 0 where threadpoolctl cannot say."""
     try:
         from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
 
         pools = threadpool_info()
     except Exception:  # noqa: BLE001 - unknown: count every thread
         return 0
-    return sum(max(0, int(p.get("num_threads", 1)) - 1) for p in pools if p.get("internal_api") == "openblas")
+    # Only its pthreads build stops them (an OpenMP build's threads are libgomp's, which
+    # nothing stops: PyTorch's own OpenBLAS on aarch64 is one).
+    return sum(
+        max(0, int(p.get("num_threads", 1)) - 1)
+        for p in pools
+        if p.get("internal_api") == "openblas" and p.get("threading_layer") == "pthreads"
+    )
 
 
 def os_threads() -> int | None:

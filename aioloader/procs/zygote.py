@@ -57,9 +57,9 @@ from multiprocessing import (
 from multiprocessing import context as mpcontext
 from typing import Any
 
-from aioloader.procs import cleanstart, forking
+from aioloader.procs import cleanstart, forking, roles
 
-__all__ = ["address", "adopt", "context", "pid", "started_by"]
+__all__ = ["address", "adopt", "context", "early", "pid", "started_by"]
 
 _lock = threading.Lock()
 _server: _Zygote | None = None
@@ -230,6 +230,16 @@ def started_by() -> cleanstart.Start | None:
     ``"spawn"`` (a fresh interpreter), see the module; None where it started none (no zygote
     yet, none possible, or one adopted from the process that started it)."""
     return _server.started_by if _server is not None else None
+
+
+def early() -> None:
+    """Make the zygote now, as a loader is made (a no-op inside a helper, or once made): not
+    when it starts, since a trainer usually makes its model (its CUDA context, its intra-op
+    threads) in between, and the zygote is then still forked (milliseconds) rather than
+    started clean (a second or more; started clean, it boots meanwhile). Before the loader's
+    arguments are checked, too: resolving ``device="cuda"`` makes the CUDA context."""
+    if roles.role() is None:
+        context()
 
 
 def pid() -> int | None:

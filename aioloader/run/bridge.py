@@ -126,9 +126,9 @@ class Bridge:
             while (run := self._runs.get()) is not None:
                 self._serve(run)
         finally:
+            self.copier.close()  # first: its stream's work, the decoder's included, completes
             if self.finish is not None:
                 self.finish.close()
-            self.copier.close()
 
     def _to_device(self, item: Batch) -> Batch | Failure:
         """``item`` on the device (decoded there first, with a device decode), or its

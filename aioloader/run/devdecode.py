@@ -81,15 +81,15 @@ class DeviceDecode:
         if not isinstance(encoded, EncodedBatch):
             return value
         start = time.perf_counter()
-        with copier.on_stream():
+        with copier.on_stream():  # all of it: the batch's event, recorded there, covers it
             out, failed, dropped = self._decode(encoded, copier)
+            if dropped:
+                keep = torch.from_numpy(np.setdiff1d(np.arange(encoded.rows), np.asarray(dropped)))
+                out = out.index_select(0, copier.copy_tensor(keep))
+                labels = labels[keep] if labels is not None else None
         copier.hold(encoded)  # its bytes, read by work still queued on the stream
         done = len(encoded.gpu_rows) - len(failed)
         self._counters.device_decoded(done, time.perf_counter() - start, len(failed))
-        if dropped:
-            keep = np.setdiff1d(np.arange(encoded.rows), np.asarray(dropped, dtype=np.int64))
-            out = out[torch.from_numpy(keep).to(out.device)]
-            labels = labels[torch.from_numpy(keep)] if labels is not None else None
         return out if labels is None else (out, labels)
 
     def _decode(self, batch: EncodedBatch, copier: DeviceCopier) -> tuple[torch.Tensor, list[int], list[int]]:
@@ -101,15 +101,22 @@ class DeviceDecode:
         datas = [batch.encoded(i) for i in range(len(batch.gpu_rows))]
         views = [out[int(r)] for r in batch.gpu_rows]
         failed = self.batch.decode(datas, batch.boxes, batch.flips, views, copier.stream) if views else []
-        dropped = []
-        for i in failed:
+        dropped: list[int] = []
+        again: list[int] = []
+        pixels = np.empty((len(failed), 3, batch.height, batch.width), dtype=np.uint8)
+        for i in failed:  # decoded again here, with Pillow, into one buffer copied at once
             try:
-                pixels = self.decoder.decode_window(bytes(datas[i]), batch.box(i), bool(batch.flips[i]))
+                pixels[len(again)] = self.decoder.decode_window(
+                    bytes(datas[i]), batch.box(i), bool(batch.flips[i])
+                )
             except Exception as exc:  # noqa: BLE001 - judged by on_error below
                 dropped.append(int(batch.gpu_rows[i]))
                 self._undecodable(batch.paths[i], int(batch.indices[i]), exc)
                 continue
-            views[i].copy_(copier.copy_tensor(torch.from_numpy(pixels)))
+            again.append(int(batch.gpu_rows[i]))
+        if again:
+            rows = copier.copy_tensor(torch.tensor(again, dtype=torch.int64))
+            out.index_copy_(0, rows, copier.copy_tensor(torch.from_numpy(pixels[: len(again)])))
         return out, failed, dropped
 
     def _undecodable(self, path: str, index: int, exc: Exception) -> None:

@@ -14,10 +14,11 @@ The contract, per mapping ``[address, address + size)``:
 - registered at most once, on the thread that owns the device (the bridge), never while
   another registration of it stands;
 - unregistered before it is unmapped, and only when no copy from it is in flight;
-- where registration is refused (a driver without it, WSL, a limit), the mapping is marked
-  refused and its batches take the single-threaded staging copy
-  (:mod:`aioloader.run.staging`); a refusal is remembered, and after one refusal no further
-  mapping is tried (the reason is the machine's, not the mapping's).
+- where registration is refused, the mapping's batches take the single-threaded staging copy
+  (:mod:`aioloader.run.staging`); a lasting refusal (a driver without it, WSL, no
+  permission) stops every further try (the reason is the machine's, not the mapping's); one
+  that may pass (no memory to lock now) leaves that mapping unlocked, and the next ones are
+  tried.
 
 The CUDA calls are a part (:class:`Registrar`): the tests drive the same bookkeeping with a
 registrar that records calls and checks the memory is still mapped when it is let go.
@@ -41,8 +42,9 @@ log = logging.getLogger("aioloader")
 class Registrar(Protocol):
     """Page-locks and releases host memory for one device."""
 
-    def register(self, address: int, size: int) -> str | None:
-        """Lock ``size`` bytes at ``address``; None when done, else why it was refused."""
+    def register(self, address: int, size: int) -> tuple[str, bool] | None:
+        """Lock ``size`` bytes at ``address``; None when done, else why it was refused and
+        whether that lasts (a driver without it) or may pass (no memory to lock now)."""
 
     def unregister(self, address: int) -> None:
         """Release what :meth:`register` locked at ``address``."""
@@ -75,10 +77,14 @@ class HostPins:
         address = address_of(m)
         if address in self._pinned:
             return True
-        why = self._registrar.register(address, len(m))
-        if why is not None:
-            self.refused = why
-            log.info("aioloader: page-locking slabs refused (%s): batches are staged, single-threaded", why)
+        refusal = self._registrar.register(address, len(m))
+        if refusal is not None:
+            why, lasting = refusal
+            if lasting:
+                self.refused = why
+            log.info(
+                "aioloader: page-locking a slab refused (%s): its batches are staged, single-threaded", why
+            )
             return False
         self._pinned[address] = len(m)
         return True
@@ -124,14 +130,17 @@ class CudaRegistrar:
         self._torch = torch
         self.device = device
 
-    def register(self, address: int, size: int) -> str | None:
+    #: ``cudaErrorMemoryAllocation``: no memory to lock now; any other refusal lasts.
+    NO_MEMORY = 2
+
+    def register(self, address: int, size: int) -> tuple[str, bool] | None:
         cudart = self._torch.cuda.cudart()  # type: ignore[no-untyped-call]
         with self._torch.cuda.device(self.device):
             err = cudart.cudaHostRegister(address, size, self.PORTABLE)
         if int(err) == 0:
             return None
         _clear_last_error()
-        return f"cudaHostRegister: {cudart.cudaGetErrorString(err)}"
+        return f"cudaHostRegister: {cudart.cudaGetErrorString(err)}", int(err) != self.NO_MEMORY
 
     def unregister(self, address: int) -> None:
         cudart = self._torch.cuda.cudart()  # type: ignore[no-untyped-call]
@@ -142,14 +151,25 @@ class CudaRegistrar:
 
 
 def _clear_last_error() -> None:
-    """Reset this thread's CUDA "last error": a refused registration leaves it set, and
-    PyTorch's next kernel launch on the thread would raise it as its own. The runtime is the
-    one loaded in this process (found in ``/proc/self/maps``), so its state is PyTorch's."""
+    """Reset this thread's CUDA "last error": a refused registration leaves it set (PyTorch's
+    binding does not clear it), and PyTorch's next kernel launch on the thread would raise it
+    as its own. The runtime is the one loaded in this process, found in ``/proc/self/maps``
+    (PyTorch's wheels load ``libcudart`` from the ``nvidia-cuda-runtime`` package), else
+    next to torch's own libraries."""
+    paths: set[str] = set()
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split()[-1] for line in f if "libcudart" in line}
     except OSError:
-        return
+        pass
+    if not paths:
+        import glob
+        import os
+
+        import torch
+
+        lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        paths = set(glob.glob(os.path.join(lib, "libcudart*.so*")))
     for path in paths:
         try:
             ctypes.CDLL(path).cudaGetLastError()

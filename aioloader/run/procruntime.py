@@ -314,6 +314,10 @@ class ProcessRuntime(runtime.RuntimeBase):
             if run is not None:
                 run.cancel()
             self.bridge.stop(timeout=grace)
+            if self.bridge.thread.is_alive():
+                # A bridge that would not stop may still copy from a slab: its page-locking is
+                # left to the process's end rather than released under a copy in flight.
+                self.channel.maps.pins = None
             self._stop_process(grace)
         finally:
             gcfreeze.release()

@@ -76,6 +76,8 @@ class PinnedPool:
             if self._in_flight:
                 self._reclaim(block=True)  # wait (here, never in the trainer) for the oldest copy
                 continue
+            if not any(self._free.values()):
+                break  # the batch being copied holds them all: one more, over the bound
             self._evict_one()  # all free but of other sizes (a last partial batch)
         self.allocated += 1
         return self._allocate(nbytes)
