@@ -203,7 +203,7 @@ class Loader:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
         if decode_on == "local" and (decode is not None or loader_process is not False):
-            zygote.early()  # before the arguments touch CUDA: see the function
+            zygote.early(decode, read, collate)  # before the arguments touch CUDA: see there
         self._config = LoaderConfig.create(
             batch_size=batch_size,
             decode=decode,

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import finish_script, process_name, session_survivors, start_script
 
@@ -81,6 +82,24 @@ def test_the_clean_zygote_preloads_the_helpers_imports_and_torch_when_imported()
     for name in ("aioloader.run.loaderproc", "aioloader.decode.worker", "numpy", "PIL.Image", "torch"):
         assert name in modules
     assert "torch" in sys.modules  # conftest imports it: the trainer has it, so the zygote does
+
+
+def _uses_numpy(data: bytes) -> object:
+    return np.frombuffer(data, dtype=np.uint8).sum()
+
+
+class _Callable:
+    def __call__(self, data: bytes) -> object:
+        return data
+
+
+def test_a_clean_zygote_also_imports_what_the_loaders_callables_need() -> None:
+    """Their own module (a callable object's class's), and the modules their code names,
+    never ``__main__`` (sent by value): imported once in the zygote, not in every worker."""
+    found = cleanstart.modules_of(_uses_numpy, _Callable(), None, len)
+    assert found[0] == __name__ and "numpy" in found
+    assert found.count(__name__) == 1 and "builtins" not in found
+    assert cleanstart.preloads(["numpy", "json"])[-1] == "json"  # once each, helpers' first
 
 
 def test_this_process_started_its_zygote_as_the_rule_says() -> None:

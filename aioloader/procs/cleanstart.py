@@ -32,6 +32,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import types
+from collections.abc import Sequence
 from multiprocessing import forkserver, spawn, util
 from typing import Any, Literal
 
@@ -43,6 +45,7 @@ __all__ = [
     "cuda_initialized",
     "how_to_start",
     "main",
+    "modules_of",
     "os_threads",
     "preloads",
     "serve",
@@ -126,19 +129,42 @@ def cuda_initialized() -> bool:
         return True
 
 
-def preloads() -> list[str]:
+def preloads(extra: Sequence[str] = ()) -> list[str]:
     """The modules a clean zygote imports before serving: the helpers' (:data:`_HELPERS`),
-    and torch when the trainer has imported it."""
-    return [*_HELPERS, *(["torch"] if "torch" in sys.modules else [])]
+    torch when the trainer has imported it, and ``extra`` (:func:`modules_of` the loader's
+    callables)."""
+    torch = ["torch"] if "torch" in sys.modules else []
+    return list(dict.fromkeys([*_HELPERS, *torch, *extra]))
 
 
-def spawn_zygote(listener_fd: int, alive_r: int, parent: int | None) -> int:
+def modules_of(*callables: object) -> list[str]:
+    """The modules a helper imports to run ``callables`` (a decode function, say): each
+    one's own module (a callable object's class's), unless it is ``__main__`` (sent by value),
+    and the modules its code names from its globals (``np`` in ``np.asarray``). What a forked
+    zygote would hold already, a clean one imports once, not every worker."""
+    names: list[str] = []
+    for fn in callables:
+        if fn is None:
+            continue
+        owner = fn if isinstance(fn, (types.FunctionType, types.MethodType)) else type(fn)
+        module = getattr(owner, "__module__", None)
+        if isinstance(module, str) and module not in ("__main__", "builtins"):
+            names.append(module)
+        code, found = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+        for name in code.co_names if code is not None else ():
+            value = found.get(name)
+            if isinstance(value, types.ModuleType) and value.__name__ != "__main__":
+                names.append(value.__name__)
+    return list(dict.fromkeys(names))
+
+
+def spawn_zygote(listener_fd: int, alive_r: int, parent: int | None, extra: Sequence[str] = ()) -> int:
     """Start the zygote in a fresh interpreter that inherits only ``listener_fd`` and
     ``alive_r``, with this process's interpreter flags and ``sys.path``; its pid."""
     cmd = (
         f"import os; os.environ.update({_SINGLE_THREADED!r}); import sys; sys.path[:] = {sys.path!r}; "
         "from aioloader.procs.cleanstart import main; "
-        f"main({listener_fd}, {alive_r}, {parent!r}, {preloads()!r})"
+        f"main({listener_fd}, {alive_r}, {parent!r}, {preloads(extra)!r})"
     )
     exe = spawn.get_executable()
     # An exec that fails is only a child exiting 255: say so now (OSError: no zygote), as

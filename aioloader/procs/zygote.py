@@ -46,6 +46,7 @@ import socket
 import stat
 import sys
 import threading
+from collections.abc import Sequence
 from multiprocessing import (
     connection,
     forkserver,
@@ -71,6 +72,8 @@ class _Zygote(forkserver.ForkServer):
 
     #: How this zygote was started (:func:`started_by`); None for one adopted.
     started_by: cleanstart.Start | None = None
+    #: What a clean start imports beside the helpers' modules (:func:`context`).
+    preload: list[str] = []  # noqa: RUF012 - replaced per instance, never changed in place
 
     def start(self) -> None:
         resource_tracker.ensure_running()  # before the zygote: workers share this one
@@ -98,7 +101,7 @@ class _Zygote(forkserver.ForkServer):
                     if child == 0:  # pragma: no cover - runs in the zygote (tests see its effects)
                         _become_zygote(listener.fileno(), alive_r, parent)
                 else:
-                    child = cleanstart.spawn_zygote(listener.fileno(), alive_r, parent)
+                    child = cleanstart.spawn_zygote(listener.fileno(), alive_r, parent, self.preload)
             except BaseException:
                 os.close(alive_w)
                 raise
@@ -206,10 +209,10 @@ def _loader_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t is not me and t.name.startswith("aioloader-")]
 
 
-def context() -> ZygoteContext | None:
+def context(preload: Sequence[str] = ()) -> ZygoteContext | None:
     """The zygote's context, starting the zygote now if this is the first call and no loader
-    thread runs (forked or in a fresh interpreter, see the module docstring); None: use the
-    stock fork server."""
+    thread runs (forked or in a fresh interpreter, which also imports ``preload``, see the
+    module docstring); None: use the stock fork server."""
     global _server, _context
     with _lock:
         if _context is not None:
@@ -217,6 +220,7 @@ def context() -> ZygoteContext | None:
         if _server is not None or not _supported() or _loader_threads():
             return None
         server = _server = _Zygote()
+        server.preload = list(preload)
         try:
             server.start()
         except OSError:
@@ -232,14 +236,16 @@ def started_by() -> cleanstart.Start | None:
     return _server.started_by if _server is not None else None
 
 
-def early() -> None:
+def early(*callables: object) -> None:
     """Make the zygote now, as a loader is made (a no-op inside a helper, or once made): not
     when it starts, since a trainer usually makes its model (its CUDA context, its intra-op
     threads) in between, and the zygote is then still forked (milliseconds) rather than
     started clean (a second or more; started clean, it boots meanwhile). Before the loader's
-    arguments are checked, too: resolving ``device="cuda"`` makes the CUDA context."""
+    arguments are checked, too: resolving ``device="cuda"`` makes the CUDA context.
+    ``callables``: the loader's decode, read and collate, whose modules a zygote started clean
+    imports (:func:`~aioloader.procs.cleanstart.modules_of`)."""
     if roles.role() is None:
-        context()
+        context(cleanstart.modules_of(*callables))
 
 
 def pid() -> int | None:
