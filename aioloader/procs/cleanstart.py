@@ -131,10 +131,13 @@ def cuda_initialized() -> bool:
 
 def preloads(extra: Sequence[str] = ()) -> list[str]:
     """The modules a clean zygote imports before serving: the helpers' (:data:`_HELPERS`),
-    torch when the trainer has imported it, and ``extra`` (:func:`modules_of` the loader's
-    callables)."""
+    torch when the trainer has imported it, aioloader's modules the trainer has imported, and
+    ``extra`` (:func:`modules_of` the loader's callables)."""
     torch = ["torch"] if "torch" in sys.modules else []
-    return list(dict.fromkeys([*_HELPERS, *torch, *extra]))
+    # aioloader's own modules the trainer has, as a forked zygote would: the loader process
+    # imports most of them as it builds its pipeline.
+    ours = sorted(name for name in list(sys.modules) if name.startswith("aioloader."))
+    return list(dict.fromkeys([*_HELPERS, *torch, *ours, *extra]))
 
 
 def modules_of(*callables: object) -> list[str]:
