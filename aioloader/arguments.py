@@ -17,6 +17,8 @@ from typing import Any, Literal, cast
 
 import torch
 
+from aioloader.decode.image import device_of
+
 __all__ = [
     "check_device_decode",
     "FLAGS",
@@ -217,8 +219,8 @@ def check_device(device: object, pin_memory: object) -> tuple[torch.device, bool
 def check_device_decode(decode: object, device: torch.device, collate: object, on_ray: bool) -> None:
     """An ``ImageDecoder(device=...)`` decodes on the loader's own device, collated by the
     default collate, on this machine; and for CUDA its library must be installed."""
-    where = getattr(decode, "device", None)
-    if where is None or not hasattr(decode, "decode_window"):
+    where = device_of(decode)
+    if where is None:
         return
     named = f"ImageDecoder(device={where!r})"
     asked = torch.device(where)

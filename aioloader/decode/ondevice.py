@@ -30,7 +30,7 @@ from aioloader.decode.contract import ChunkItem, DecodeStageLike, Outcome
 from aioloader.decode.encoded import EncodedImage
 from aioloader.decode.hybrid import HybridShare
 from aioloader.decode.image import ImageDecoder
-from aioloader.decode.jpeg import jpeg_header, not_on_device
+from aioloader.decode.jpeg import JpegHeader, jpeg_header, not_on_device
 from aioloader.memory.results import Deferred
 from aioloader.observe.stages import StageMeter, between, utilization
 
@@ -99,33 +99,31 @@ class DeviceDecodeStage:
         arena = inputs.input.buf if inputs is not None else None
         datas = [_bytes_of(src, arena) for _, _, src in items]
         reasons: Counter[str] = Counter()
-        device: list[int] = []
+        device: list[tuple[int, JpegHeader]] = []
         cpu: list[int] = []
         for pos, data in enumerate(datas):
             header = jpeg_header(data)
             why = not_on_device(header)
             if why is None and header is not None:
-                device.append(pos)
+                device.append((pos, header))
             else:
                 reasons[why or "not a JPEG"] += 1
                 cpu.append(pos)
         share = self.share.cpu_count(len(device))
         if share:
-            cpu = sorted(cpu + device[len(device) - share :])
+            cpu = sorted(cpu + [pos for pos, _ in device[len(device) - share :]])
             device = device[: len(device) - share]
         outcomes: list[Outcome | None] = [None] * len(items)
         if cpu:
             done = await self._inner.run(epoch, k, slab, [items[p] for p in cpu], out, inputs)
             for p, outcome in zip(cpu, done, strict=True):
                 outcomes[p] = outcome
-        for p in device:
-            outcomes[p] = Deferred(self._encoded(epoch, items[p][1], bytes(datas[p])))
+        for p, header in device:
+            outcomes[p] = Deferred(self._encoded(epoch, items[p][1], bytes(datas[p]), header))
         self._report(len(cpu), dict(reasons), self.share.share)
         return [o for o in outcomes if o is not None]
 
-    def _encoded(self, epoch: int, index: int, data: bytes) -> EncodedImage:
-        header = jpeg_header(data)
-        assert header is not None
+    def _encoded(self, epoch: int, index: int, data: bytes, header: JpegHeader) -> EncodedImage:
         dec = self._decoder
         box, flip = dec.window(
             header.width, header.height, lambda: sample_generator(self._seed, epoch, index)

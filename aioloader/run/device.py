@@ -155,8 +155,7 @@ class DeviceCopier:
         if ops is None and device.type == "cuda":
             ops = CudaOps(device)
         self.ops: DeviceOps | None = ops
-        self.cuda = self.ops is not None
-        self.pin_memory = pin_memory and self.cuda
+        self.pin_memory = pin_memory and ops is not None
         # Copies in flight are few (the hand-off holds one batch, the bridge copies the next),
         # so a handful of buffers per tensor of a batch is all the pool ever needs.
         self.pool = PinnedPool(pool_limit, self.ops.allocate_pinned if self.ops is not None else None)
