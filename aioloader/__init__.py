@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from aioloader.cache.settings import Cache
 from aioloader.dataset import IMAGE_EXTENSIONS, FileDataset
 from aioloader.decode.image import ImageDecoder
 from aioloader.decode.worker import sample_rng
@@ -30,6 +31,7 @@ from aioloader.errors import (
     WorkerCrashedError,
 )
 from aioloader.observe.bottleneck import Bottleneck
+from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stages import StageStats
 from aioloader.observe.stats import LoaderStats
 
@@ -42,6 +44,8 @@ __version__ = "0.1.0"
 __all__ = [
     "IMAGE_EXTENSIONS",
     "Bottleneck",
+    "Cache",
+    "CacheStats",
     "DecodeError",
     "FileDataset",
     "ImageDecoder",

@@ -11,15 +11,18 @@ pipeline runs, which callables are pickled) in :mod:`aioloader.config`.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import torch
 
+from aioloader.cache.settings import Cache
 from aioloader.decode.image import device_of
 
 __all__ = [
+    "check_cache",
     "check_device_decode",
     "FLAGS",
     "Arguments",
@@ -86,6 +89,7 @@ class Arguments:
     storage_backend: object = "auto"
     progress: object = False
     decode_on: object = "local"
+    cache: object = None
 
 
 #: The arguments that are True or False, in the order they are checked.
@@ -232,6 +236,36 @@ def check_device_decode(decode: object, device: torch.device, collate: object, o
         raise ValueError(f"{named} decodes on this machine's GPU: it cannot be used with decode_on='ray'")
     if asked.type == "cuda" and not _installed("nvidia.nvimgcodec"):
         raise ImportError(f"{named} needs nvImageCodec: pip install 'aioloader[gpu]'")
+
+
+def check_cache(cache: object, decode: object, on_ray: bool) -> Cache | None:
+    """``cache``: an :class:`~aioloader.Cache` or None. Its ``max_side`` needs a decode
+    made by this machine's CPU workers (they make the small images); a folder must be a
+    folder this process can make or write."""
+    if cache is None:
+        return None
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache={cache!r} must be an aioloader.Cache or None")
+    if cache.max_side is not None:
+        why = (
+            "decode=None (no decode workers)"
+            if decode is None
+            else "decode_on='ray'"
+            if on_ray
+            else f"{decode!r}, which decodes on the device"
+            if device_of(decode) is not None
+            else None
+        )
+        if why is not None:
+            raise ValueError(f"cache={cache!r}: max_side needs decode workers of this machine, not {why}")
+    folder = cache.folder
+    if folder is not None:
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"cache={cache!r}: {str(folder)!r} is not a folder")
+        there = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if there is not None and not os.access(there, os.W_OK | os.X_OK):
+            raise ValueError(f"cache={cache!r}: {str(there)!r} is not writable")
+    return cache
 
 
 def _installed(module: str) -> bool:

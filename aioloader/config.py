@@ -23,6 +23,7 @@ from aioloader.arguments import (
     LoaderProcess,
     OnError,
     Progress,
+    check_cache,
     check_callables,
     check_decode_on,
     check_device,
@@ -43,6 +44,7 @@ from aioloader.arguments import (
 from aioloader.base import sendable
 from aioloader.base.cpus import cpu_quota
 from aioloader.base.semnames import import_loky_cpu_count
+from aioloader.cache.settings import Cache
 from aioloader.read.backends import StorageBackend, resolve
 
 __all__ = [
@@ -146,6 +148,8 @@ class LoaderConfig:
     cluster_tasks: int | None = None
     #: a progress bar per epoch (:mod:`aioloader.observe.progressbar`).
     progress: Progress = False
+    #: the sample cache (:mod:`aioloader.cache`), or None.
+    cache: Cache | None = None
     #: ``io_concurrency="auto"``: ``io_concurrency`` is where the tuner starts.
     io_auto: bool = False
     #: ``num_workers="auto"``: ``num_workers`` processes, of which the tuner lets some decode.
@@ -198,6 +202,7 @@ class LoaderConfig:
         rank, world_size = resolve_rank(a.rank, a.world_size)
         storage_options = check_storage_options(a.storage_options)
         progress = check_progress(a.progress)
+        cache = check_cache(a.cache, decode, on_ray)
         sent = send_decode(decode, on_ray)
         start_in, sent_there = choose_runtime(loader_process, on_ray, read, collate, a.storage_backend)
         return cls(
@@ -233,6 +238,7 @@ class LoaderConfig:
             sent={**sent, **sent_there},
             decode_on="ray" if on_ray else "local",
             cluster_tasks=(workers if a.num_workers is not None else None) if on_ray else None,
+            cache=cache,
         )
 
 

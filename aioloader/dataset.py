@@ -148,6 +148,17 @@ class FileDataset:
         return f"FileDataset({len(self)} files{extra})"
 
     @classmethod
+    def coerce(cls, dataset: object) -> FileDataset:
+        """``dataset`` as given to a loader: a :class:`FileDataset` as it is, a sequence of
+        paths as one without labels; a ``TypeError`` for anything else."""
+        if isinstance(dataset, FileDataset):
+            return dataset
+        if isinstance(dataset, (str, bytes)) or not isinstance(dataset, Sequence):
+            got = type(dataset).__name__
+            raise TypeError(f"dataset must be a FileDataset or a sequence of paths, got {got}")
+        return cls(dataset)
+
+    @classmethod
     def from_folder(
         cls,
         root: StrPath,

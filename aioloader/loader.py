@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from aioloader.base.threads import in_thread
+from aioloader.cache.settings import Cache
 from aioloader.config import DecodeOn, LoaderConfig, LoaderProcess, OnError
 from aioloader.dataset import FileDataset, StrPath
 from aioloader.decode.image import ImageDecoder
@@ -158,6 +159,9 @@ class Loader:
             once (None: the cluster's CPUs). Same batches as ``"local"``; URLs are read on
             the cluster. Loads in-process (``loader_process=True`` is refused); ``close()``
             leaves Ray connected. ``pip install 'aioloader[ray]'``; see :mod:`aioloader.cluster`.
+        cache: a sample cache, :class:`~aioloader.Cache` (default None: every epoch reads the
+            source): later epochs read what the first one kept, in memory or on local disk,
+            optionally downscaled (``max_side``). ``stats.cache`` counts its hits.
 
     A sample is ``decoded`` or, with labels, ``(decoded, label)``; a batch is the collation of
     its samples (``(images, labels)`` with labels). Each iteration uses the epoch given to
@@ -199,6 +203,7 @@ class Loader:
         storage_backend: StorageBackend = "auto",
         progress: bool | Literal["always"] = False,
         decode_on: DecodeOn = "local",
+        cache: Cache | None = None,
     ) -> None:
         if decode is _DEFAULT_DECODE:
             decode = ImageDecoder(224)
@@ -232,15 +237,9 @@ class Loader:
             storage_backend=storage_backend,
             progress=progress,
             decode_on=decode_on,
+            cache=cache,
         )
-        if isinstance(dataset, FileDataset):
-            self._dataset = dataset
-        elif isinstance(dataset, (str, bytes)) or not isinstance(dataset, Sequence):
-            raise TypeError(
-                f"dataset must be a FileDataset or a sequence of paths, got {type(dataset).__name__}"
-            )
-        else:
-            self._dataset = FileDataset(dataset)
+        self._dataset = FileDataset.coerce(dataset)
         self._state = State.IDLE
         self._lock = threading.Lock()
         self._runtime: Runtime | ProcessRuntime | None = None

@@ -27,6 +27,8 @@ from aioloader import (
 EXPECTED_ALL = {
     "IMAGE_EXTENSIONS",
     "Bottleneck",
+    "Cache",
+    "CacheStats",
     "DecodeError",
     "FileDataset",
     "ImageDecoder",

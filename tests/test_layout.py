@@ -35,6 +35,7 @@ MODULES = sorted(p.relative_to(PKG) for p in PKG.rglob("*.py"))
 def test_wings_and_at_most_12_modules_at_the_top() -> None:
     assert WINGS == [
         "base",
+        "cache",
         "cli",
         "cluster",
         "decode",

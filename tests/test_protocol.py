@@ -33,7 +33,7 @@ from aioloader.memory.layout import (
     describe,
     plan_slab,
 )
-from aioloader.memory.results import ArrayRef, Failed, InArea, Pickled, StatusTable, Written
+from aioloader.memory.results import ArrayRef, Failed, InArea, Pickled, Shrunk, StatusTable, Written
 from aioloader.memory.segments import SegmentHandle
 
 Point = collections.namedtuple("Point", "x y")
@@ -378,8 +378,20 @@ def test_what_crosses_to_a_worker_and_back_keeps_every_field_pickled() -> None:
         sample,
         layout,
         handle,
-        Chunk(handle, layout, [(1, 2, (3, 4)), (5, 6, b"x")], 7, 8, (9, 10), handle, 11, ("a", "b")),
+        Chunk(
+            handle,
+            layout,
+            [(1, 2, (3, 4)), (5, 6, b"x")],
+            7,
+            8,
+            (9, 10),
+            handle,
+            11,
+            ("a", "b"),
+            (512, 90, frozenset({1})),
+        ),
         Written(("label", 3)),
+        Shrunk(Written((1,)), b"small"),
         ArrayRef(16, spec),
         InArea("*", (ArrayRef(0, spec),)),
         Pickled({"k": 1}),

@@ -7,6 +7,7 @@
 | ``sendable.py`` | callables sent by value (cloudpickle), with errors that name the argument |
 | ``threads.py`` | daemon I/O threads (a hung read never blocks exit); lifecycle calls from async code |
 | ``cpus.py`` | the CPU quota of this process's own cgroup and its ancestors (``/proc/self/cgroup``) |
+| ``cgmemory.py`` | memory this process may still take: ``MemAvailable`` and its cgroups' memory limits |
 | ``semnames.py`` | semaphores named ``sem.mp-aioloader-<pid>-``, loky notwithstanding |
 | ``heap.py`` | memory the first, pickled batches left in malloc's arenas, given back (``malloc_trim``) |
 """

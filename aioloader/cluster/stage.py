@@ -106,6 +106,7 @@ class RayDecodeStage:
         items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
+        shrink: tuple[int, int, frozenset[int]] | None = None,
     ) -> list[Outcome]:
         """Decode ``items`` (``(row, dataset index, bytes or URL)``) of batch ``k`` on the
         cluster. Raises only for the whole loader (:class:`LoaderError`) or on cancellation."""

@@ -35,7 +35,7 @@ from aioloader.base import sendable
 from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import decode_chunk
 from aioloader.errors import LoaderError
-from aioloader.memory.results import RowResult
+from aioloader.memory.results import RowResult, Shrunk
 from aioloader.read.outcomes import TRANSIENT, backoff
 
 __all__ = ["Answer", "Fatal", "Reading", "TimedOut", "decode_task"]
@@ -127,9 +127,14 @@ def decode_task(
     return Answer(outcomes, t1 - t0, time.perf_counter() - t1, retries, nbytes)
 
 
+def _plain(res: RowResult | Shrunk) -> RowResult:
+    assert not isinstance(res, Shrunk), "a Ray task's chunk asks for no downscale"
+    return res
+
+
 def _decode_one(decode: Callable[[bytes], Any], chunk: Chunk, timeout: float | None) -> RowResult | TimedOut:
     if timeout is None or threading.current_thread() is not threading.main_thread():
-        return decode_chunk(None, chunk, decode)[0]
+        return _plain(decode_chunk(None, chunk, decode)[0])
     started = time.perf_counter()
 
     def expire(signum: int, frame: Any) -> None:
@@ -139,7 +144,7 @@ def _decode_one(decode: Callable[[bytes], Any], chunk: Chunk, timeout: float | N
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
-            return decode_chunk(None, chunk, decode)[0]
+            return _plain(decode_chunk(None, chunk, decode)[0])
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _Expired:

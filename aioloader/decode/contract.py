@@ -14,15 +14,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from aioloader.errors import SampleError
-from aioloader.memory.results import RowResult
+from aioloader.memory.results import RowResult, Shrunk
 
 if TYPE_CHECKING:
     from aioloader.memory.slabs import Slab
 
 __all__ = ["ChunkItem", "DecodeStageLike", "Outcome", "declares_hot_start"]
 
-#: What became of one sample: its result, or the error that ends it.
-Outcome = RowResult | SampleError
+#: What became of one sample: its result (with the bytes the sample cache keeps, when asked:
+#: :class:`~aioloader.memory.results.Shrunk`), or the error that ends it.
+Outcome = RowResult | Shrunk | SampleError
 
 #: One sample of a chunk: ``(row in its batch, dataset index, source)``. The source is the
 #: file's bytes, its ``(offset, size)`` in the batch's input arena, or, for a stage that
@@ -73,11 +74,15 @@ class DecodeStageLike(Protocol):
         items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
+        shrink: tuple[int, int, frozenset[int]] | None = None,
     ) -> list[Outcome]:
         """Decode ``items`` of batch ``k`` of ``epoch`` into ``slab``'s rows (or, with no
         layout, its output area at ``out``: ``(offset, bytes)``, this chunk's share; or
         pickled, without a slab). ``inputs``: the input arena the ``(offset, size)``
-        sources lie in. One outcome per item, in order."""
+        sources lie in. ``shrink``: ``(max_side, quality, rows)``, rows whose file the sample
+        cache keeps downscaled: their successes come back as
+        :class:`~aioloader.memory.results.Shrunk` (a stage that cannot make them, none: the
+        loader's arguments refuse ``max_side`` there). One outcome per item, in order."""
         ...
 
 

@@ -94,6 +94,7 @@ class DeviceDecodeStage:
         items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
+        shrink: tuple[int, int, frozenset[int]] | None = None,
     ) -> list[Outcome]:
         self._adjust()
         arena = inputs.input.buf if inputs is not None else None

@@ -28,7 +28,7 @@ from aioloader.decode import worker as _worker
 from aioloader.decode.faults import Breakage, describe_deaths
 from aioloader.decode.protocol import Chunk
 from aioloader.errors import LoaderError, WorkerCrashedError
-from aioloader.memory.results import RowResult
+from aioloader.memory.results import RowResult, Shrunk
 from aioloader.procs import forking, zygote
 
 __all__ = ["Breakage", "DecodePool", "describe_deaths", "mp_context"]
@@ -179,7 +179,7 @@ class DecodePool:
         assert self._executor is not None, "DecodePool.started() was not awaited"
         return self._executor
 
-    def submit(self, chunk: Chunk) -> tuple[Future[list[RowResult]], int]:
+    def submit(self, chunk: Chunk) -> tuple[Future[list[RowResult | Shrunk]], int]:
         """Decode ``chunk`` in one task (see :func:`aioloader.decode.worker.run_chunk`); returns the future
         and the pool's generation, for :meth:`recover`."""
         if self._failure is not None:

@@ -26,7 +26,9 @@ class Chunk:
     pickled); ``out`` is ``(offset, size)`` of this chunk's share of the output area, if
     any; ``inputs`` how to map the batch's input arena, where an item's ``(offset, size)``
     source lies from ``inputs_at`` on; ``forget``, names of slabs closed lately, that the
-    worker unmaps if it still maps them."""
+    worker unmaps if it still maps them; ``shrink``, ``(max_side, quality, rows)``: the rows
+    whose file the sample cache keeps downscaled, made once each decodes
+    (:mod:`aioloader.decode.shrink`; their results come back :class:`~aioloader.memory.results.Shrunk`)."""
 
     slab: SegmentHandle | None
     layout: SlabLayout | None
@@ -37,6 +39,7 @@ class Chunk:
     inputs: SegmentHandle | None = None
     inputs_at: int = 0
     forget: tuple[str, ...] = ()
+    shrink: tuple[int, int, frozenset[int]] | None = None
 
     # Every task and every answer crosses a pipe pickled, several per batch: a slotted
     # dataclass pickles through its __getstate__ (a dict of its fields), several times
@@ -44,4 +47,4 @@ class Chunk:
     # ``tests/test_protocol.py`` round-trips each field.
     def __reduce__(self) -> tuple[Any, ...]:
         fields = (self.slab, self.layout, self.items, self.seed, self.epoch)
-        return (Chunk, (*fields, self.out, self.inputs, self.inputs_at, self.forget))
+        return (Chunk, (*fields, self.out, self.inputs, self.inputs_at, self.forget, self.shrink))

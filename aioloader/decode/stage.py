@@ -32,7 +32,7 @@ from aioloader.decode.pool import DecodePool
 from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import NotLoaded, decode_chunk
 from aioloader.errors import DecodeError, LoaderError
-from aioloader.memory.results import Failed, RowResult
+from aioloader.memory.results import Failed, RowResult, Shrunk
 from aioloader.memory.slabs import Slab
 from aioloader.memory.slots import OrderedSlots
 from aioloader.observe.stages import StageMeter
@@ -117,6 +117,7 @@ class DecodeStage:
         items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
+        shrink: tuple[int, int, frozenset[int]] | None = None,
     ) -> list[Outcome]:
         """Decode ``items`` (``(row, dataset index, source)``) of batch ``k``; ``out`` is the
         chunk's share of the slab's output area; ``inputs`` the input arena the sources
@@ -132,6 +133,7 @@ class DecodeStage:
             inputs.handle if inputs else None,
             inputs.layout.input if inputs else 0,
             self._forget(),
+            shrink,
         )
         outcomes: dict[int, Outcome] = {}
         crashes: dict[int, int] = {}
@@ -155,7 +157,7 @@ class DecodeStage:
 
     async def _on_workers(
         self, k: int, chunk: Chunk, slab: Slab | None
-    ) -> tuple[list[RowResult] | None, int]:
+    ) -> tuple[list[RowResult | Shrunk] | None, int]:
         """One try of ``chunk`` on the workers, once a slot is granted (in epoch order): its
         results, or None where the pool broke under it; and the pool's generation it was
         submitted to."""
@@ -183,7 +185,9 @@ class DecodeStage:
         finally:
             slots.open()
 
-    async def _here(self, chunk: Chunk, slab: Slab | None, inputs: Slab | None) -> list[RowResult] | None:
+    async def _here(
+        self, chunk: Chunk, slab: Slab | None, inputs: Slab | None
+    ) -> list[RowResult | Shrunk] | None:
         """Hot start: until every worker process is up (the fork server takes a while to
         boot), decode one chunk at a time on a thread of this process, so the first batch
         does not wait for the workers. None: use the workers."""
@@ -200,7 +204,9 @@ class DecodeStage:
             with self._meter.timed(per=len(chunk.items)):
                 return await loop.run_in_executor(self._local, decode_chunk, m, chunk, self._decode, im)
 
-    async def _watch(self, fut: Future[list[RowResult]], slab: Slab | None, chunk: Chunk) -> list[RowResult]:
+    async def _watch(
+        self, fut: Future[list[RowResult | Shrunk]], slab: Slab | None, chunk: Chunk
+    ) -> list[RowResult | Shrunk]:
         """Await a decode task; with ``sample_timeout``, kill the worker of a row that has
         been decoding longer than that (the status table says who and since when)."""
         waiting = asyncio.wrap_future(fut)

@@ -37,7 +37,7 @@ import numpy as np
 
 from aioloader.base import heap, sendable
 from aioloader.decode.protocol import Chunk
-from aioloader.memory.results import Failed, Pickled, RowResult, StatusTable
+from aioloader.memory.results import Failed, Pickled, RowResult, Shrunk, StatusTable
 from aioloader.memory.segments import SegmentHandle, attach
 from aioloader.memory.writer import RowWriter
 from aioloader.procs import roles
@@ -142,7 +142,7 @@ def _attach(handle: SegmentHandle) -> mmap.mmap:
     return m
 
 
-def run_chunk(chunk: Chunk) -> list[RowResult]:
+def run_chunk(chunk: Chunk) -> list[RowResult | Shrunk]:
     """Decode ``chunk`` with the installed ``decode`` (the task a worker runs)."""
     _check_loaded()
     for name in chunk.forget:  # closed by the loader: its memory goes once nobody maps it
@@ -163,13 +163,13 @@ def run_chunk(chunk: Chunk) -> list[RowResult]:
 
 def decode_chunk(
     m: mmap.mmap | None, chunk: Chunk, decode: Callable[[bytes], Any] | None, inputs: mmap.mmap | None = None
-) -> list[RowResult]:
+) -> list[RowResult | Shrunk]:
     """Decode ``chunk`` over the slab mapped at ``m`` (None: no slab) with ``decode``; the
     sources given as ``(offset, size)`` lie in the input arena mapped at ``inputs``."""
     layout = chunk.layout if m is not None else None
     status = StatusTable(m, layout.rows) if m is not None and layout is not None else None
     out = RowWriter(m, layout, chunk.out) if m is not None and layout is not None else None
-    results: list[RowResult] = []
+    results: list[RowResult | Shrunk] = []
     for row, index, src in chunk.items:
         if status is not None:
             status.start(row)
@@ -178,11 +178,26 @@ def decode_chunk(
             data = inputs[chunk.inputs_at + src[0] : chunk.inputs_at + src[0] + src[1]]
         else:
             data = src
-        results.append(_decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index))
+        res = _decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index)
+        if chunk.shrink is not None and row in chunk.shrink[2] and not isinstance(res, Failed):
+            results.append(_shrunk(res, data, chunk.shrink[0], chunk.shrink[1]))
+        else:
+            results.append(res)
         if status is not None:
             status.done(row)
     del status
     return results
+
+
+def _shrunk(res: RowResult, data: bytes, max_side: int, quality: int) -> RowResult | Shrunk:
+    """``res`` with the bytes the sample cache keeps for ``data``; ``res`` alone (the
+    sample is not cached) when the image does not decode for the downscale."""
+    from aioloader.decode.shrink import shrink  # Pillow: only in a cache's workers
+
+    try:
+        return Shrunk(res, shrink(data, max_side, quality))
+    except Exception:  # noqa: BLE001 - the sample decoded: only its cache entry is lost
+        return res
 
 
 def _decode_one(

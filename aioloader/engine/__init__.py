@@ -11,4 +11,5 @@ collation -> the ready queue. Drives ``read/`` and ``decode/``, tuned by ``tune/
 | ``opening.py`` | an epoch's opening: when later batches decode, the first batch's probes (states, pure) |
 | ``assemble.py`` | stage 4: a batch from decoded rows (slab blocks as tensors, views to a collate) |
 | ``failures.py`` | the failure policy: ``on_error``, ``max_failures`` over the loader's life |
+| ``caching.py`` | where the engine meets the sample cache: hits served, decoded misses kept |
 """

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from aioloader.cache.samples import Fill
 from aioloader.memory.results import RowResult
 from aioloader.memory.slabs import Slab, SlabPool
 
-__all__ = ["BatchSlabs", "BatchWork"]
+__all__ = ["BatchSlabs", "BatchWork", "Fills"]
+
+#: A batch's misses the sample cache keeps once they succeed, by row: what keys each (see
+#: :meth:`aioloader.cache.samples.SampleCache.serve`), and the length read.
+Fills = dict[int, tuple[Fill, int]]
 
 
 class BatchSlabs:
@@ -88,6 +93,8 @@ class BatchWork:
     slabs: BatchSlabs
     results: list[RowResult | None] = field(init=False)
     probes: int = 0
+    #: Rows read from the source that the sample cache keeps once they succeed.
+    fills: Fills = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.results = [None] * len(self.indices)

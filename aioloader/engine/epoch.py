@@ -15,12 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
+from aioloader.cache.samples import SampleCache
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.contract import ChunkItem, DecodeStageLike
 from aioloader.engine import sizing
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.batch import BatchSlabs, BatchWork
+from aioloader.engine.caching import keep_decoded, keep_read, read_through, shrink_for
 from aioloader.engine.failures import FailurePolicy
 from aioloader.engine.opening import Opening
 from aioloader.engine.sizing import SizeTracker, pooled_arenas, pooled_slabs
@@ -62,8 +64,11 @@ class Engine:
         counters: Counters,
         trainer_pid: int | None = None,
         inputs: SlabPool | None = None,
+        cache: SampleCache | None = None,
     ) -> None:
         self._cfg = config
+        #: The sample cache (``Loader(cache=...)``), or None.
+        self.cache = cache
         self._ds = dataset
         self._reader = reader
         self._slabs = slabs
@@ -250,6 +255,8 @@ class Engine:
         if self._stage is None:  # decode=None: the sample is the file's bytes
             for r, _, src in items:
                 work.results[r] = Pickled(src)
+                if self.cache is not None:
+                    keep_read(self.cache, work.fills, r, src, None)
             return
         await self._turn(work, rows[0], follower, opening)
         await self._decode(self._stage, work, items, opening)
@@ -258,16 +265,16 @@ class Engine:
         """The chunk's samples to decode, ``(row, index, source)`` in row order: the files
         read here, and the URLs as they are where the stage reads them itself. A sample whose
         read failed is left out (the failure policy has it)."""
-        indices, inputs = work.indices, work.slabs.inputs
+        indices = work.indices
         here: range | list[int] = rows
         urls: list[ChunkItem] = []
-        if self._stage is not None and self._stage.reads_urls:
+        if self._stage is not None and self._stage.reads_urls and self.cache is None:
             paths = self._ds.paths_of([indices[r] for r in rows])
             urls = [(r, indices[r], p) for r, p in zip(rows, paths, strict=True) if is_remote(p)]
             if urls:
                 here = [r for r, p in zip(rows, paths, strict=True) if not is_remote(p)]
                 self.policy.attempted(len(urls))
-        sources = await self._read(indices, here, inputs) if here else []
+        sources = await self._read(work, here) if here else []
         items: list[ChunkItem] = [
             (r, indices[r], src) for r, src in zip(here, sources, strict=True) if src is not None
         ]
@@ -293,7 +300,11 @@ class Engine:
         slab = work.slabs.rows_for_decode()
         per_sample = self._layout.out_bytes_per_sample()
         share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
-        outcomes = await stage.run(work.epoch, work.k, slab, items, share, work.slabs.inputs)
+        inputs = work.slabs.inputs
+        shrink = shrink_for(self.cache, work.fills, items)
+        answered = await stage.run(work.epoch, work.k, slab, items, share, inputs, shrink)
+        arena = inputs.input if inputs is not None else None
+        outcomes = keep_decoded(self.cache, work.fills, items, answered, arena)
         for (r, _, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, SampleError):
                 self.policy.failed(outcome)
@@ -306,11 +317,11 @@ class Engine:
             if self._layout.known:
                 opening.layout_learned()
 
-    async def _read(
-        self, indices: list[int], rows: range | list[int], inputs: Slab | None
-    ) -> list[Source | None]:
+    async def _read(self, work: BatchWork, rows: range | list[int]) -> list[Source | None]:
         """The bytes of the samples in ``rows`` (into the batch's input arena when decoding
-        locally); None for a sample that failed and is skipped."""
+        locally; from the cache where it has them); None for a sample that failed and is
+        skipped. The misses the cache wants are noted in ``work.fills``."""
+        indices, inputs = work.indices, work.slabs.inputs
         self.policy.attempted(len(rows))
         arena = inputs.input if inputs is not None and self._stage is not None else None
         chosen = [indices[r] for r in rows]
@@ -318,15 +329,21 @@ class Engine:
         spans = [self._ds.span(index) for index in chosen] if self._ds.has_spans else None
         sources: list[Source | None] = []
         total = 0
-        for res in await self._reader.fetch_many(items, arena, self._cfg.sample_timeout, spans):
+        got, fills = await read_through(
+            self.cache, self._reader, items, spans, arena, self._cfg.sample_timeout, work.epoch
+        )
+        for row, res, fill in zip(rows, got, fills, strict=True):
             if isinstance(res, SampleError):
                 if isinstance(res, LoaderTimeoutError) and inputs is not None:
                     inputs.tainted = True  # the abandoned read may still write into its arena
                 self.policy.failed(res)
                 sources.append(None)
                 continue
-            total += res[1] if isinstance(res, tuple) else len(res)
+            size = res[1] if isinstance(res, tuple) else len(res)
+            total += size
             sources.append(res)
+            if fill is not None:
+                work.fills[row] = (fill, size)
         read = len(sources) - sources.count(None)
         if read:  # counted once per chunk: a chunk may be a whole batch of tiny files
             self._counters.add_bytes(total)

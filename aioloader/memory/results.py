@@ -9,7 +9,8 @@ A decode (a worker, a Ray task, the loader's own thread) answers each sample wit
   the tree comes back with :class:`ArrayRef` in place of each array;
 - :class:`Pickled`: the sample itself, pickled (no slab room, or no array in it);
 - :class:`Deferred`: the sample is decoded later, on the device (its encoded bytes);
-- :class:`Failed`: the exception (a copy that unpickles) and the decoder's traceback.
+- :class:`Failed`: the exception (a copy that unpickles) and the decoder's traceback;
+- :class:`Shrunk`: one of those, and the bytes the sample cache keeps (``max_side``).
 
 A sample's file bytes reach a decode as a :data:`Source`: ``(offset, length)`` in the
 batch's input arena, or the bytes themselves.
@@ -41,6 +42,7 @@ __all__ = [
     "InArea",
     "Pickled",
     "RowResult",
+    "Shrunk",
     "Source",
     "StatusTable",
     "Written",
@@ -111,6 +113,20 @@ def _failed(error: bytes, traceback: str) -> Failed:
 
 
 RowResult = Written | InArea | Pickled | Deferred | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    """A sample's result and the bytes the sample cache keeps for its file, made beside its
+    decode (``Cache(max_side=...)``, :mod:`aioloader.decode.shrink`): a smaller JPEG, or None
+    to keep the file's bytes as they are. The decode stage takes it apart: the engine sees
+    ``result``, the cache ``kept``."""
+
+    result: RowResult
+    kept: bytes | None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Shrunk, (self.result, self.kept))
 
 
 def layout_evidence(

@@ -6,6 +6,7 @@ report to it.
 | --- | --- |
 | ``stats.py`` | ``LoaderStats`` and the counters behind it; the waiting trainer's warning |
 | ``wheredecoded.py`` | where samples were decoded: Ray tasks, the device and the CPU workers |
+| ``cachestats.py`` | ``CacheStats``: the sample cache's hits, misses and bytes held |
 | ``stages.py`` | per-stage meters: items in flight against their bound, busy time, p50/p99 |
 | ``bottleneck.py`` | pure: which stage limits throughput, and one sentence of advice |
 | ``progressbar.py`` | ``progress=True``: the tqdm bar per epoch (terminal only unless ``"always"``) |

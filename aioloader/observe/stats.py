@@ -10,9 +10,10 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, diagnose
+from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stages import STAGES, StageMeter, StageStats, between
 from aioloader.observe.wheredecoded import (
     ClusterStats,
@@ -32,10 +33,12 @@ __all__ = ["WINDOW", "ClusterStats", "Counters", "DeviceDecodeStats", "LoaderSid
 log = logging.getLogger("aioloader")
 
 #: bytes read, samples attempted, failures by reason, last failed paths, read retries,
-#: worker restarts, the loading stages' figures, the device decode's loader side: what a
-#: loader process counts for the trainer's counters.
+#: worker restarts, the loading stages' figures, the device decode's loader side, the sample
+#: cache's counts: what a loader process counts for the trainer's counters.
+_Failures: TypeAlias = dict[str, int]
+_Stages: TypeAlias = dict[str, StageStats]
 LoaderSide = tuple[
-    int, int, dict[str, int], tuple[str, ...], int, int, dict[str, StageStats], "DeviceSide | None"
+    int, int, _Failures, tuple[str, ...], int, int, _Stages, DeviceSide | None, CacheStats | None
 ]
 #: Batches the bottleneck and its warning look back over.
 WINDOW = 50
@@ -84,6 +87,8 @@ class LoaderStats:
     cluster: ClusterStats | None = None
     #: ``ImageDecoder(device=...)``: where the samples were decoded (None otherwise).
     device_decode: DeviceDecodeStats | None = None
+    #: ``Loader(cache=...)``: hits, misses, what the cache holds (None without one).
+    cache: CacheStats | None = None
 
 
 class Counters:
@@ -139,6 +144,8 @@ class Counters:
         #: The device decode's counts (None without one): the loader side's
         #: (:meth:`device_loader_side`) and the bridge's (:meth:`device_decoded`).
         self.device: DeviceDecodeStats | None = None
+        #: The sample cache's counts, as its loop publishes them (None without one).
+        self.cache: CacheStats | None = None
 
     @classmethod
     def for_loader(cls, config: LoaderConfig, remote: bool) -> Counters:
@@ -325,15 +332,16 @@ class Counters:
                 self.read_retries,
                 self.worker_restarts,
             )
-            device = self.device
+            device, cache = self.device, self.cache
         stages = {name: self.meters[name].snapshot() for name in ("read", "decode", "collate")}
         side = None if device is None else (device.cpu, dict(device.fallbacks), device.share)
-        return (*counts, stages, side)
+        return (*counts, stages, side, cache)
 
     def absorb(self, counts: LoaderSide) -> None:
         """Take over what a loader process counted (:meth:`loader_side`)."""
-        bytes_read, attempted, failures, paths, retries, restarts, stages, device = counts
+        bytes_read, attempted, failures, paths, retries, restarts, stages, device, cache = counts
         with self._lock:
+            self.cache = cache
             self._absorbed = stages
             self.bytes_read, self.attempted = bytes_read, attempted
             self.failures = Counter(failures)
@@ -387,4 +395,5 @@ class Counters:
                 num_workers=stages["decode"].capacity,
                 cluster=self.cluster,
                 device_decode=self.device,
+                cache=self.cache,
             )

@@ -69,6 +69,10 @@ class Backend(Protocol):
     async def cat(self, url: str, start: int | None, end: int | None) -> Any:
         """The object's bytes (``start`` to ``end``, exclusive, when given), as a buffer."""
 
+    async def head(self, url: str) -> tuple[int, str]:
+        """The object's size and version (its ETag, else its last modification), one request
+        without the body; the version is ``""`` where the server gives neither."""
+
     async def list_one(self, url: str, bucket: str) -> None:
         """One listing of at most a page of keys in ``bucket``: raises why it is refused."""
 
@@ -179,6 +183,11 @@ class FsspecBackend:
         if start is None:
             return await self.fs._cat_file(url, **self._whole)
         return await self.fs._cat_file(url, start=start, end=end)
+
+    async def head(self, url: str) -> tuple[int, str]:
+        info = await self.fs._info(url)
+        tag = info.get("ETag") or info.get("LastModified") or info.get("last_modified") or ""
+        return int(info["size"]), str(tag)
 
     async def list_one(self, url: str, bucket: str) -> None:
         call = getattr(self.fs, "_call_s3", None)
@@ -355,6 +364,12 @@ class ObstoreBackend:
             got = await self._ob.get_async(store, path)
             return await got.bytes_async()
         return await self._ob.get_range_async(store, path, start=start, end=end)
+
+    async def head(self, url: str) -> tuple[int, str]:
+        store, path = self._store(url)
+        meta = await self._ob.head_async(store, path)
+        tag = meta.get("e_tag") or meta.get("last_modified") or ""
+        return int(meta["size"]), str(tag)
 
     async def list_one(self, url: str, bucket: str) -> None:
         store, _ = self._store(url)

@@ -128,6 +128,20 @@ class RemoteStore:
         self._ok.add(protocol)
         return data
 
+    async def head(self, url: str) -> tuple[int, str]:
+        """The object's ``(size, version)`` (:meth:`Backend.head`), one request without the
+        body; raises as :meth:`cat` does."""
+        protocol = scheme(url) or "file"
+        client = self.backend(protocol, query="?" in url)
+        if protocol in ("s3", "s3a"):
+            await self._check_bucket(client, protocol, url)
+        try:
+            return await client.head(url)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - classified below
+            raise self._classify(exc, url, protocol) from None
+
     async def _check_bucket(self, client: Backend, protocol: str, url: str) -> None:
         """Once per bucket, before its first read: one listing of at most one key, whose
         answer (unlike a HEAD's) says why it was refused. Refused credentials or an

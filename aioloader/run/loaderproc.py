@@ -206,7 +206,7 @@ class Host:
             if self.spills is not None:
                 self.spills.close()
             try:
-                await asyncio.wait_for(self.parts.reader.aclose(), timeout=2.0)
+                await asyncio.wait_for(self.parts.aclose(), timeout=2.0)
             except Exception:  # noqa: BLE001 - closing must go on
                 pass
             self.parts.close(grace=1.0)

@@ -15,15 +15,20 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from aioloader.base.cgmemory import available_memory
+from aioloader.cache.samples import SampleCache
+from aioloader.cache.settings import resolved_bound
 from aioloader.cluster.session import RaySession
 from aioloader.config import LoaderConfig, usable_cpus
 from aioloader.dataset import FileDataset
 from aioloader.decode.pool import DecodePool
 from aioloader.engine.decoding import decode_stage
 from aioloader.engine.epoch import Engine, pooled_arenas, pooled_slabs
+from aioloader.errors import LoaderError
 from aioloader.memory.layout import declared_layout
 from aioloader.memory.segments import FDS_PER_SLAB, MEMFD, choose_kind
 from aioloader.memory.slabs import SlabPool
+from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stats import Counters
 from aioloader.read.reader import FileReader
 from aioloader.read.routing import read_workers
@@ -86,6 +91,14 @@ class Pipeline:
     collate_pool: ThreadPoolExecutor
     cluster: RaySession | None = None
     inputs: SlabPool | None = None
+    cache: SampleCache | None = None
+
+    async def aclose(self) -> None:
+        """On the loader's loop, before it stops: the cache's writes under way finish, the
+        remote connections close."""
+        if self.cache is not None:
+            await self.cache.aclose()
+        await self.reader.aclose()
 
     def close(self, grace: float) -> None:
         """Stop the workers (``grace`` seconds for a decode in progress) or cancel the Ray
@@ -96,6 +109,8 @@ class Pipeline:
         if self.cluster is not None:
             self.cluster.close()
         self.reader.close()
+        if self.cache is not None:
+            self.cache.close(grace)
         self.collate_pool.shutdown(wait=True, cancel_futures=True)
         if self.slabs is not None:
             self.slabs.close()
@@ -109,32 +124,22 @@ def build(
     """The parts for ``config`` (``io_concurrency`` lowered if the open-file limit needs
     it; with ``"auto"``, its range bounded by that limit); the decode pool's workers start
     lazily, on the first batch. ``trainer_pid``: in a loader process, the trainer's.
-    With ``decode_on="ray"`` it connects first: nothing is made if that fails."""
+    With ``decode_on="ray"`` it connects first: nothing is made if that fails (nor if a
+    disk cache's folder cannot be used: checked before)."""
+    cache = _sample_cache(config, counters)
     cluster = None
     if config.decode_on == "ray":
         cluster = RaySession(config.sent["decode"], config.cluster_tasks)
-        cluster.start()
+        try:
+            cluster.start()
+        except BaseException:
+            if cache is not None:
+                cache.close()
+            raise
         counters.meters["decode"].capacity = cluster.tasks
         counters.meters["decode"].bound = cluster.bound
     kind = choose_kind() if config.decode is not None else None
-    # memfd slabs hold a descriptor each: they share the open-file limit with the reads.
-    fds = (config.batch_size, config.prefetch, FDS_PER_SLAB) if kind == MEMFD else (0, 0, 0)
-    max_io = config.io_concurrency
-    if config.io_auto:
-        max_io = io_concurrency_for_fd_limit(MAX_AUTO_IO, config.num_workers, *fds)
-        config = dataclasses.replace(config, io_concurrency=min(config.io_concurrency, max_io))
-        counters.set_io_concurrency(config.io_concurrency)
-    io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers, *fds)
-    if io < config.io_concurrency:
-        logger.warning(
-            "io_concurrency=%d lowered to %d: the open-file limit (ulimit -n) is %d; raise it "
-            "with `ulimit -n` for more reads in flight",
-            config.io_concurrency,
-            io,
-            _fd_soft_limit(),
-        )
-        config = dataclasses.replace(config, io_concurrency=io)
-        counters.set_io_concurrency(io)
+    config, max_io = _within_fd_limit(config, counters, kind)
     pool = slabs = inputs = None
     if config.decode is not None and cluster is not None:
         if kind is not None:
@@ -173,12 +178,56 @@ def build(
         loop_free=cluster is None,
         workers=workers,
     )
+    if cache is not None:
+        cache.remote = reader.remote
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
     # The decode stage, chosen here once: the engine never asks which it is.
     stage = decode_stage(config, dataset, counters, pool, cluster, collate_pool, (slabs, inputs))
-    engine = Engine(config, dataset, reader, stage, slabs, collate_pool, counters, trainer_pid, inputs=inputs)
+    engine = Engine(
+        config, dataset, reader, stage, slabs, collate_pool, counters, trainer_pid, inputs=inputs, cache=cache
+    )
     if slabs is not None and cluster is not None:
         slabs.set_pooled(pooled_slabs(engine.window * config.batch_size, config.batch_size, config.prefetch))
     if workers is not None:  # last: nothing after it can fail and leave them running
         workers.start()
-    return Pipeline(config, engine, reader, pool, slabs, collate_pool, cluster, inputs)
+    return Pipeline(config, engine, reader, pool, slabs, collate_pool, cluster, inputs, cache)
+
+
+def _within_fd_limit(config: LoaderConfig, counters: Counters, kind: str | None) -> tuple[LoaderConfig, int]:
+    """``config`` with ``io_concurrency`` lowered to what the open-file limit leaves (a
+    WARNING when it is), and the most reads ``"auto"`` may reach."""
+    # memfd slabs hold a descriptor each: they share the open-file limit with the reads.
+    fds = (config.batch_size, config.prefetch, FDS_PER_SLAB) if kind == MEMFD else (0, 0, 0)
+    max_io = config.io_concurrency
+    if config.io_auto:
+        max_io = io_concurrency_for_fd_limit(MAX_AUTO_IO, config.num_workers, *fds)
+        config = dataclasses.replace(config, io_concurrency=min(config.io_concurrency, max_io))
+        counters.set_io_concurrency(config.io_concurrency)
+    io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers, *fds)
+    if io < config.io_concurrency:
+        logger.warning(
+            "io_concurrency=%d lowered to %d: the open-file limit (ulimit -n) is %d; raise it "
+            "with `ulimit -n` for more reads in flight",
+            config.io_concurrency,
+            io,
+            _fd_soft_limit(),
+        )
+        config = dataclasses.replace(config, io_concurrency=io)
+        counters.set_io_concurrency(io)
+    return config, max_io
+
+
+def _sample_cache(config: LoaderConfig, counters: Counters) -> SampleCache | None:
+    """The loader's sample cache, its bound settled now (the memory or the disk there is);
+    a :class:`LoaderError` naming the folder of a disk cache that cannot be used."""
+    if config.cache is None:
+        return None
+
+    def publish(stats: CacheStats) -> None:
+        counters.cache = stats
+
+    try:
+        bound = resolved_bound(config.cache, available_memory())
+        return SampleCache(config.cache, bound, None, publish)
+    except OSError as exc:
+        raise LoaderError(f"cache directory {str(config.cache.folder)!r} cannot be used: {exc}") from None

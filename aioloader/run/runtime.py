@@ -236,7 +236,7 @@ class Runtime(RuntimeBase):
                 try:
                     self.loop_thread.call(_cancel_everything(), timeout=grace + 5)
                     # Remote connections belong to this loop: closed on it, before it stops.
-                    self.loop_thread.call(self.parts.reader.aclose(), timeout=grace)
+                    self.loop_thread.call(self.parts.aclose(), timeout=grace)
                 except Exception:  # noqa: BLE001 - stopping the loop below is what matters
                     pass
             self.loop_thread.stop(timeout=grace)

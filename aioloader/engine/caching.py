@@ -1,0 +1,98 @@
+"""The sample cache in the engine's stages (``Loader(cache=...)``): reads served from it or
+from the source (stage 2), decoded samples kept (after stage 3). The cache itself, its
+stores and its keys are :mod:`aioloader.cache`'s; this is only where the engine meets it.
+
+A sample is kept only once it succeeded: read, for ``decode=None``; decoded, otherwise (a
+failed sample is never kept, so it fails the same way next epoch, judged by ``on_error``
+and ``max_failures`` as without a cache). With ``max_side``, only what a worker made beside
+the decode is kept (:class:`~aioloader.memory.results.Shrunk`), never the file as read.
+"""
+
+from __future__ import annotations
+
+from aioloader.cache.samples import Fill, SampleCache
+from aioloader.decode.contract import ChunkItem, Outcome
+from aioloader.engine.batch import Fills
+from aioloader.errors import SampleError
+from aioloader.memory.results import RowResult, Shrunk, Source
+from aioloader.memory.slabs import Arena
+from aioloader.read.reader import FileReader
+
+__all__ = ["keep_decoded", "keep_read", "read_through", "shrink_for"]
+
+
+async def read_through(
+    cache: SampleCache | None,
+    reader: FileReader,
+    items: list[tuple[int, str]],
+    spans: list[tuple[int, int] | None] | None,
+    arena: Arena | None,
+    timeout: float | None,
+    epoch: int,
+) -> tuple[list[Source | SampleError], list[Fill | None]]:
+    """Each ``(index, path)``'s bytes as :meth:`FileReader.fetch_many` gives them, from
+    the cache where it has them; and, for each miss the cache wants, its fill."""
+    if cache is None:
+        return await reader.fetch_many(items, arena, timeout, spans), [None] * len(items)
+    served, fills = await cache.serve([p for _, p in items], spans, arena, epoch)
+    miss = [i for i, src in enumerate(served) if src is None]
+    out: list[Source | SampleError] = [src for src in served if src is not None] if not miss else []
+    if miss:
+        got = await reader.fetch_many(
+            [items[i] for i in miss], arena, timeout, [spans[i] for i in miss] if spans else None
+        )
+        merged: list[Source | SampleError | None] = list(served)
+        for i, res in zip(miss, got, strict=True):
+            merged[i] = res
+        out = [res for res in merged if res is not None]
+    return out, fills
+
+
+def _bytes(src: Source, arena: Arena | None) -> bytes | memoryview:
+    if isinstance(src, tuple):
+        assert arena is not None
+        return arena.buf[src[0] : src[0] + src[1]]
+    return src
+
+
+def keep_read(cache: SampleCache, fills: Fills, row: int, src: Source, arena: Arena | None) -> None:
+    """``decode=None``: row ``row`` was read, so its bytes are kept as they are."""
+    fill = fills.pop(row, None)
+    if fill is not None:
+        cache.keep(fill[0], bytes(_bytes(src, arena)), fill[1])
+
+
+def shrink_for(
+    cache: SampleCache | None, fills: Fills, items: list[ChunkItem]
+) -> tuple[int, int, frozenset[int]] | None:
+    """What the workers make for the cache beside this chunk's decodes (``max_side``)."""
+    spec = cache.shrink if cache is not None else None
+    rows = frozenset(r for r, _, _ in items if r in fills)
+    return None if spec is None or not rows else (*spec, rows)
+
+
+def keep_decoded(
+    cache: SampleCache | None,
+    fills: Fills,
+    items: list[ChunkItem],
+    outcomes: list[Outcome],
+    arena: Arena | None,
+) -> list[RowResult | SampleError]:
+    """The chunk's outcomes as the engine takes them (:class:`Shrunk` taken apart); on the
+    way, each decoded miss the cache wants is kept: what its worker made (``max_side``) or
+    its bytes as read."""
+    shrinking = cache is not None and cache.settings.max_side is not None
+    taken: list[RowResult | SampleError] = []
+    for (row, _, src), outcome in zip(items, outcomes, strict=True):
+        fill = fills.pop(row, None) if cache is not None else None
+        if isinstance(outcome, Shrunk):
+            if fill is not None:
+                assert cache is not None
+                kept = outcome.kept
+                cache.keep(fill[0], kept if kept is not None else bytes(_bytes(src, arena)), fill[1])
+            outcome = outcome.result
+        elif fill is not None and not shrinking and not isinstance(outcome, SampleError):
+            assert cache is not None
+            cache.keep(fill[0], _bytes(src, arena), fill[1])
+        taken.append(outcome)
+    return taken
