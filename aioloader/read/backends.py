@@ -186,7 +186,9 @@ class FsspecBackend:
 
     async def head(self, url: str) -> tuple[int, str]:
         info = await self.fs._info(url)
-        tag = info.get("ETag") or info.get("LastModified") or info.get("last_modified") or ""
+        # s3fs: ETag, LastModified; HTTP: the response's ETag or Last-Modified header.
+        names = ("ETag", "LastModified", "Last-Modified", "last_modified")
+        tag = next((info[n] for n in names if info.get(n)), "")
         return int(info["size"]), str(tag)
 
     async def list_one(self, url: str, bucket: str) -> None:
