@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -44,18 +45,29 @@ __all__ = ["Fill", "SampleCache"]
 Fill = str | asyncio.Future[str | None]
 
 
-def stat_identities(paths: list[str]) -> list[Identity | None]:
+#: A stat slower than this (seconds) is a network round trip, not a cached inode.
+SLOW_STAT = 0.001
+#: Cache threads at most: stats of files on network storage, one per hop, wait in parallel.
+THREADS = 64
+
+
+def stat_identities(paths: list[str]) -> tuple[list[Identity | None], bool]:
     """On a cache thread: each local file's ``(size, st_mtime_ns)``, None where it cannot be
-    stat'ed (the read then says why, or succeeds through a custom ``read``)."""
+    stat'ed (the read then says why, or succeeds through a custom ``read``); and whether a
+    stat took longer than :data:`SLOW_STAT`."""
     out: list[Identity | None] = []
+    slow = False
     for path in paths:
+        t0 = time.perf_counter()
         try:
             st = os.stat(local_path(path))
         except (OSError, ValueError):
             out.append(None)
             continue
+        finally:
+            slow = slow or time.perf_counter() - t0 > SLOW_STAT
         out.append((st.st_size, str(st.st_mtime_ns)))
-    return out
+    return out, slow
 
 
 class SampleCache:
@@ -75,7 +87,8 @@ class SampleCache:
         self.settings = settings
         self.remote = remote
         self._publish = publish
-        self._pool = DaemonThreadPool(8, thread_name_prefix="aioloader-cache")
+        self._pool = DaemonThreadPool(THREADS, thread_name_prefix="aioloader-cache")
+        self._slow_stats = False
         folder = settings.folder
         self._disk = DiskStore(folder, max_bytes) if folder is not None else None
         self._memory = MemoryStore(max_bytes) if folder is None else None
@@ -136,8 +149,7 @@ class SampleCache:
         keys: list[Fill | None] = [None] * len(paths)
         local = [i for i, p in enumerate(paths) if not is_remote(p)]
         if local:
-            loop = asyncio.get_running_loop()
-            ids = await loop.run_in_executor(self._pool, stat_identities, [paths[i] for i in local])
+            ids = await self._stat([paths[i] for i in local])
             for i, ident in zip(local, ids, strict=True):
                 keys[i] = None if ident is None else entry_key(fp, paths[i], span[i], ident)
         heads: list[tuple[int, asyncio.Future[str | None]]] = []
@@ -160,6 +172,17 @@ class SampleCache:
             for i, head in heads:
                 keys[i] = head.result() if not head.cancelled() else None
         return keys
+
+    async def _stat(self, paths: list[str]) -> list[Identity | None]:
+        """Identities of local files: one hop for the chunk while stats are fast (cached
+        inodes: microseconds, less than a hop), one hop per file, in parallel, from the first
+        slow one on (network storage: a round trip each)."""
+        loop = asyncio.get_running_loop()
+        if not self._slow_stats:
+            ids, self._slow_stats = await loop.run_in_executor(self._pool, stat_identities, paths)
+            return ids
+        hops = [loop.run_in_executor(self._pool, stat_identities, [p]) for p in paths]
+        return [got[0][0] for got in await asyncio.gather(*hops)]
 
     async def _head(self, url: str, span: tuple[int, int] | None) -> str | None:
         assert self.remote is not None
