@@ -1,11 +1,16 @@
 """Train a small CNN on an ImageFolder with a synchronous loop fed by aioloader.
 
     python examples/train_folder.py [ROOT] [--epochs 2] [--device cuda] [--in-process]
-                                           [--decode-on-device]
+                                           [--decode-on-device] [--cache memory|DIR [--max-side N]]
 
 ``--decode-on-device`` decodes the JPEGs on the loader's device: with ``--device cuda``, on
 the GPU (``pip install 'aioloader[gpu]'``); without, on the CPU by the bridging thread (the
 same path, for trying it anywhere).
+
+``--cache memory`` (or a folder on local disk) keeps what the first epoch read; later epochs
+read it from there, not from ROOT. With ``--max-side N`` images are kept as JPEGs at most N
+pixels on their longer side, so later epochs decode small images (what the model sees
+changes slightly: opt-in).
 
 Without ROOT, a small synthetic JPEG dataset is generated into a temporary folder. The
 ``if __name__ == "__main__"`` guard is good practice; aioloader's workers and loader process
@@ -46,6 +51,7 @@ def train(
     device: str | None,
     loader_process: bool | Literal["auto"] = "auto",
     decode_on_device: bool = False,
+    cache: aioloader.Cache | None = None,
 ) -> None:
     dataset = aioloader.FileDataset.from_folder(root)
     loader = aioloader.Loader(
@@ -61,6 +67,8 @@ def train(
         # own where one can be made; this process keeps only the thread that copies batches to
         # the device. False keeps them here (to share state with read/collate, or to debug).
         loader_process=loader_process,
+        # Later epochs read what the first one kept (in memory, or in a folder on local disk).
+        cache=cache,
     )
     model = make_model(len(dataset.classes)).to(device or "cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -81,6 +89,10 @@ def train(
                 f"epoch {epoch}: loss {total / n:.3f}, {n / (time.perf_counter() - start):.0f} samples/s, "
                 f"waited {stats.epoch_wait_seconds:.2f} s for data"
             )
+            if stats.cache is not None:
+                c = stats.cache
+                seen = c.epoch_hits + c.epoch_misses
+                print(f"  cache: {c.epoch_hits} of {seen} samples, {c.bytes_held / 1e6:.1f} MB held")
         if stats.device_decode is not None:
             dd = stats.device_decode
             print(f"decoded on {device or 'cpu'}: {dd.gpu}, by the CPU workers: {dd.cpu} {dd.fallbacks}")
@@ -101,13 +113,20 @@ def main() -> None:
     parser.add_argument(
         "--decode-on-device", action="store_true", help="decode the JPEGs on the loader's device"
     )
+    parser.add_argument("--cache", help="keep what epoch 1 read: 'memory' or a folder on local disk")
+    parser.add_argument("--max-side", type=int, help="with --cache: keep images at most N px on a side")
     args = parser.parse_args()
+    cache = None
+    if args.cache is not None:
+        folder = None if args.cache == "memory" else args.cache
+        cache = aioloader.Cache(directory=folder, max_side=args.max_side)
+    options = (args.epochs, args.device, args.loader_process, args.decode_on_device, cache)
     if args.root is not None:
-        train(args.root, args.epochs, args.device, args.loader_process, args.decode_on_device)
+        train(args.root, *options)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = make_image_folder(Path(tmp) / "train", num_images=256, num_classes=4, size=(160, 120))
-        train(root, args.epochs, args.device, args.loader_process, args.decode_on_device)
+        train(root, *options)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,12 @@ def test_train_folder_decodes_on_the_loaders_device(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("epoch 0: loss "), out
     assert lines[1].startswith("decoded on cpu: ") and "by the CPU workers" in lines[1], out
+
+
+def test_train_folder_reads_later_epochs_from_its_cache(tmp_path: Path) -> None:
+    """``examples/train_folder.py --cache memory --max-side 64``, started by a relative path
+    from its folder: the first epoch reads every file, the second is served by the cache."""
+    out = run(["train_folder.py", "--epochs", "2", "--cache", "memory", "--max-side", "64"], EXAMPLES)
+    lines = out.splitlines()
+    assert lines[1].startswith("  cache: 0 of 256 samples"), out
+    assert lines[3].startswith("  cache: 256 of 256 samples"), out
