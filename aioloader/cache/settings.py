@@ -43,9 +43,11 @@ class Cache:
             source: nothing is evicted.
         max_side: None (default): the file's bytes as they are. ``N``: image files (JPEG,
             PNG, WebP, BMP, TIFF) are kept re-encoded as JPEG, EXIF orientation applied,
-            their longer side at most ``N`` pixels (never enlarged); from the second epoch
-            on, ``decode`` receives the small image. This changes what the model sees (as
-            FFCV's ``max_resolution`` does), so it is opt-in. Other files are kept as they are.
+            their longer side at most ``N`` pixels (never enlarged), made by the decode
+            workers as the first epoch reads each file: ``decode`` receives the small image
+            from the first epoch on (a large photo is decoded once, at a reduced scale).
+            This changes what the model sees (as FFCV's ``max_resolution`` does), so it is
+            opt-in. Other files are kept as they are.
         quality: the JPEG quality of those re-encoded images (1-100).
 
     An entry is keyed by the source's identity (path or URL, size, modification time or

@@ -15,7 +15,7 @@ device decode's loader side (its bridge side is ``run/devdecode.py``).
 | ``hybrid.py`` | pure: the CPU workers' measured share of each batch beside the GPU |
 | ``encoded.py`` | encoded images and the half-decoded batch that crosses to the bridge |
 | ``batchdec.py`` | batch decoders: the part that decodes a batch on the device (Pillow's for CI) |
-| ``shrink.py`` | ``Cache(max_side=N)``: the small JPEG a worker makes beside a sample's first decode |
+| ``shrink.py`` | ``Cache(max_side=N)``: the small JPEG a worker makes, then decodes |
 | ``nvimgcodec.py`` | ``NvImageCodecDecoder``: a batch's JPEG crops decoded on a GPU, resized as Pillow does |
 
 The memory they decode into is ``memory/``'s; the processes come from ``procs/``.

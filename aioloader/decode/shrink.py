@@ -1,5 +1,6 @@
-"""The sample cache's downscale (``Cache(max_side=N)``), made in a decode worker beside the
-sample's first decode: the file's bytes in, the bytes to keep out.
+"""The sample cache's downscale (``Cache(max_side=N)``), made in a decode worker just before
+the sample's first decode, which then decodes the small image (as every later epoch will):
+the file's bytes in, the bytes to keep out.
 
 - An image of a format Pillow knows as JPEG, MPO, PNG, WebP, BMP or TIFF, larger than ``N``
   on its longer side, is kept re-encoded as a baseline JPEG at ``quality``: the longer side
@@ -68,7 +69,9 @@ def shrink(data: bytes | memoryview, max_side: int, quality: int) -> bytes | Non
         icc = img.info.get("icc_profile")
         out = _eight_bit(img, mode)
         if out.size != target:
-            out = out.resize(target, Image.Resampling.LANCZOS, reducing_gap=2.0)
+            # Bicubic (antialiased when reducing): a third cheaper than Lanczos, and the image
+            # is resampled again by the decode anyway.
+            out = out.resize(target, Image.Resampling.BICUBIC)
         turn = _TRANSPOSE.get(orientation)
         if turn is not None:
             out = out.transpose(turn)

@@ -178,26 +178,38 @@ def decode_chunk(
             data = inputs[chunk.inputs_at + src[0] : chunk.inputs_at + src[0] + src[1]]
         else:
             data = src
-        res = _decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index)
-        if chunk.shrink is not None and row in chunk.shrink[2] and not isinstance(res, Failed):
-            results.append(_shrunk(res, data, chunk.shrink[0], chunk.shrink[1]))
+        if chunk.shrink is not None and row in chunk.shrink[2]:
+            results.append(_shrunk(decode, data, out, row, chunk, index))
         else:
-            results.append(res)
+            results.append(_decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index))
         if status is not None:
             status.done(row)
     del status
     return results
 
 
-def _shrunk(res: RowResult, data: bytes, max_side: int, quality: int) -> RowResult | Shrunk:
-    """``res`` with the bytes the sample cache keeps for ``data``; ``res`` alone (the
-    sample is not cached) when the image does not decode for the downscale."""
+def _shrunk(
+    decode: Callable[[bytes], Any] | None,
+    data: bytes,
+    out: RowWriter | None,
+    row: int,
+    chunk: Chunk,
+    index: int,
+) -> RowResult | Shrunk:
+    """The sample decoded from what the cache keeps for ``data`` (``Cache(max_side=...)``):
+    the small image first, then ``decode`` of it, so the first epoch sees what every later
+    one will, and a large photo is decoded once, at a reduced scale, not twice. The file as
+    it is where it needs no downscale; the file, and nothing kept, where the downscale fails
+    (the decode then says what is wrong with it, or decodes it its own way)."""
     from aioloader.decode.shrink import shrink  # Pillow: only in a cache's workers
 
+    assert chunk.shrink is not None
     try:
-        return Shrunk(res, shrink(data, max_side, quality))
-    except Exception:  # noqa: BLE001 - the sample decoded: only its cache entry is lost
-        return res
+        small = shrink(data, chunk.shrink[0], chunk.shrink[1])
+    except Exception:  # noqa: BLE001 - only the entry is lost: the decode has the file
+        return _decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index)
+    res = _decode_one(decode, data if small is None else small, out, row, chunk.seed, chunk.epoch, index)
+    return res if isinstance(res, Failed) else Shrunk(res, small)
 
 
 def _decode_one(

@@ -4,8 +4,9 @@ stores and its keys are :mod:`aioloader.cache`'s; this is only where the engine 
 
 A sample is kept only once it succeeded: read, for ``decode=None``; decoded, otherwise (a
 failed sample is never kept, so it fails the same way next epoch, judged by ``on_error``
-and ``max_failures`` as without a cache). With ``max_side``, only what a worker made beside
-the decode is kept (:class:`~aioloader.memory.results.Shrunk`), never the file as read.
+and ``max_failures`` as without a cache). With ``max_side``, only what a worker made before
+the decode (and decoded) is kept (:class:`~aioloader.memory.results.Shrunk`), never the
+file as read.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def keep_read(cache: SampleCache, fills: Fills, row: int, src: Source, arena: Ar
 def shrink_for(
     cache: SampleCache | None, fills: Fills, items: list[ChunkItem]
 ) -> tuple[int, int, frozenset[int]] | None:
-    """What the workers make for the cache beside this chunk's decodes (``max_side``)."""
+    """What the workers make for the cache before this chunk's decodes (and decode) (``max_side``)."""
     spec = cache.shrink if cache is not None else None
     rows = frozenset(r for r, _, _ in items if r in fills)
     return None if spec is None or not rows else (*spec, rows)

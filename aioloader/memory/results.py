@@ -117,10 +117,10 @@ RowResult = Written | InArea | Pickled | Deferred | Failed
 
 @dataclass(frozen=True, slots=True)
 class Shrunk:
-    """A sample's result and the bytes the sample cache keeps for its file, made beside its
-    decode (``Cache(max_side=...)``, :mod:`aioloader.decode.shrink`): a smaller JPEG, or None
-    to keep the file's bytes as they are. The decode stage takes it apart: the engine sees
-    ``result``, the cache ``kept``."""
+    """A sample's result and the bytes the sample cache keeps for its file, made just before
+    its decode, which decoded them (``Cache(max_side=...)``, :mod:`aioloader.decode.shrink`):
+    a smaller JPEG, or None to keep the file's bytes as they are (what was decoded). The
+    decode stage takes it apart: the engine sees ``result``, the cache ``kept``."""
 
     result: RowResult
     kept: bytes | None
