@@ -1,10 +1,12 @@
 """``aioloader bench``: the command run as a user runs it (a subprocess, JSON on stdout and
 the progress bar on stderr), the report, a user's own decode function, the comparison with
-DataLoader, and the Chrome trace; the pure track layout of the trace."""
+DataLoader, the Chrome trace, and ``--cache`` (epoch 1 filling a sample cache beside epoch 2
+served from it); the pure track layout of the trace."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from helpers import script_env
 
 from aioloader.cli import main
+from aioloader.cli.args import byte_size
 from aioloader.cli.tune import IO_SWEEP, worker_sweep
 from aioloader.config import usable_cpus
 from aioloader.observe.trace import chrome_trace, lanes
@@ -223,3 +226,57 @@ def test_bench_refuses_a_setting_that_is_neither_a_number_nor_auto(
         "--trace records the stages in this process: --loader-process auto or false"
         in capsys.readouterr().err
     )
+
+
+def test_bench_cache_prints_epoch_one_filling_beside_epoch_two_served(image_folder: Path) -> None:
+    """``--cache memory``: two whole epochs, the first filling the cache, the second served
+    from it (every sample a hit), side by side; ``--json`` gives the same figures as keys."""
+    argv = ["bench", str(image_folder), "--cache", "memory", "--workers", "1", "--batch-size", "8"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "aioloader", *argv, "--max-side", "48"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=script_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"aioloader bench {image_folder} --cache: 30 files" in out, out
+    assert "cache in memory" in out and "max_side 48" in out
+    assert re.search(r"epoch 1 \(filling\) +\d+ +[\d.]+ +0 +30 ", out), out
+    assert re.search(r"epoch 2 \(served\) +\d+ +[\d.]+ +30 +0 ", out), out
+    assert "epoch 2 / epoch 1: " in out and "(30 hits in epoch 2, " in out
+    assert "cache 100%" in proc.stderr  # the loader's own bar, epoch 2's
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "aioloader", *argv, "--json", "--cache-max-bytes", "1M"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=script_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    one, two = result["epoch1"], result["epoch2"]
+    assert (one["epoch"], one["role"], two["epoch"], two["role"]) == (1, "filling", 2, "served")
+    assert (one["hits"], one["misses"], one["stored"]) == (0, 30, 30)
+    assert (two["hits"], two["misses"], two["stored"]) == (30, 0, 0)
+    assert one["samples"] == two["samples"] == 30 and one["samples_per_s"] > 0 and two["samples_per_s"] > 0
+    assert result["ratio"] == pytest.approx(two["samples_per_s"] / one["samples_per_s"], rel=0.01)
+    held = sum(p.stat().st_size for p in image_folder.rglob("*.jpg"))  # no max_side: the files as they are
+    assert result["hits"] == 30 and result["bytes_held"] == two["bytes_held"] == one["bytes_held"] == held
+    assert result["cache"]["kind"] == "memory" and result["cache"]["max_bytes"] == 1 << 20
+
+
+def test_bench_cache_options_need_the_cache_and_a_whole_epoch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.txt").write_text("1")
+    assert main(["bench", str(tmp_path), "--max-side", "64"]) == 2
+    assert "--max-side and --cache-max-bytes go with --cache memory|DIR" in capsys.readouterr().err
+    assert main(["bench", str(tmp_path), "--cache", "memory", "--tune"]) == 2
+    assert "--cache runs two whole epochs: it cannot go with --tune" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", str(tmp_path), "--cache", "memory", "--cache-max-bytes", "lots"])
+    assert "'lots' is not a number of bytes" in capsys.readouterr().err
+    assert byte_size("512M") == 512 << 20 and byte_size("2GiB") == 2 << 30 and byte_size("1000") == 1000

@@ -1,6 +1,7 @@
 """``Loader(progress=...)``: a tqdm bar per epoch on stderr with samples/s, MB/s and the
-trainer's wait share; drawn on a terminal (a real pseudo-terminal here), silent on a pipe
-or file unless ``progress="always"``."""
+trainer's wait share (and, with a cache, its hit share and the bytes it holds); drawn on a
+terminal (a real pseudo-terminal here), silent on a pipe or file unless
+``progress="always"``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 from frontends import Driver
 from helpers import decode_number
 
-from aioloader import Loader
+from aioloader import Cache, Loader
+from aioloader.observe.progressbar import size_text
 from aioloader.synthetic import make_image_folder
 
 
@@ -33,6 +35,26 @@ def test_always_draws_a_bar_per_epoch_with_rates(
     assert "19/19" in err
     for figure in ("samples/s", "MB/s", "waited"):
         assert figure in err, err
+
+
+def test_with_a_cache_the_bar_shows_the_epochs_hit_share_and_the_bytes_held(
+    numbered: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    loader = Loader(
+        numbered, batch_size=4, decode=decode_number, num_workers=1, cache=Cache(), progress="always"
+    )
+    with loader:
+        for _ in range(2):
+            assert len(list(loader)) == 10
+        held = loader.stats.cache
+    assert held is not None and held.bytes_held == sum(Path(p).stat().st_size for p in numbered)
+    err = capsys.readouterr().err
+    first, second = err.split("epoch 1", 1)
+    # Each epoch's last drawing is its closing one, with the figures at the end of the epoch.
+    assert first.rstrip().endswith(f"cache 0% {size_text(held.bytes_held)}]"), first
+    assert second.rstrip().endswith(f"cache 100% {size_text(held.bytes_held)}]"), second
+    assert size_text(412_300_000) == "412MB" and size_text(1_234_000_000) == "1.2GB"
+    assert size_text(35_400) == "35kB" and size_text(held.bytes_held) == "481B"
 
 
 def test_true_is_silent_when_stderr_is_not_a_terminal(

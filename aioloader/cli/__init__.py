@@ -6,6 +6,7 @@
 | ``args.py`` | argparse types shared by the subcommands |
 | ``demo.py`` | ``aioloader demo``: the same training loop fed two ways |
 | ``bench.py`` | ``aioloader bench``: your data through the loader, and the verdict |
+| ``cachebench.py`` | ``aioloader bench --cache``: epoch 1 filling a cache beside epoch 2 served from it |
 | ``measure.py`` | a loader (or DataLoader) iterated for a time |
 | ``tune.py`` | ``aioloader bench --tune``: the sweep of fixed settings beside ``"auto"`` |
 

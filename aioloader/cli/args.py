@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Literal
 
-__all__ = ["image_size", "int_or_auto", "loader_process", "positive_int"]
+__all__ = ["byte_size", "image_size", "int_or_auto", "loader_process", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -16,6 +16,25 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+#: ``byte_size`` suffixes: powers of 1024.
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """A positive number of bytes: ``1000000``, or with a suffix K, M, G or T (powers of 1024,
+    an optional ``B``/``iB`` after it): ``512M``, ``2GiB`` -> 2147483648."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    scale = _UNITS.get(t[-1:], 1)
+    number = t[:-1] if scale > 1 else t
+    try:
+        value = int(float(number) * scale) if "." in number else int(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes, e.g. 2G or 500000000") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of bytes")
     return value
 
 

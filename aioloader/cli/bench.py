@@ -7,6 +7,8 @@ on the same files and decode for the same time; ``--trace FILE`` writes a Chrome
 stderr). ``--decode-on ray`` decodes as Ray tasks (``Loader(decode_on="ray")``): on the cluster
 ``ray.init(address="auto")`` finds, else on a one-node cluster of the usable CPUs that bench
 starts (and shuts down at the end); the cluster's figures are printed beside the verdict.
+``--cache memory|DIR`` runs two whole epochs with a sample cache instead, epoch 1 (filling it)
+beside epoch 2 (served from it): :mod:`aioloader.cli.cachebench`.
 
 The folder is read as an ImageFolder (``root/<class>/...``), else as a flat folder of
 files; a URL prefix (``s3://bucket/train/``) as an ImageFolder in object storage.
@@ -111,6 +113,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--trace", metavar="FILE", default=None, help="write a Chrome trace (Perfetto) to FILE")
     p.add_argument("--storage-options", metavar="JSON", default=None, help="options for a URL, as JSON")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    from aioloader.cli.cachebench import add_cache_args
+
+    add_cache_args(p)
 
 
 def load_decode(spec: str) -> Any:
@@ -373,12 +378,20 @@ def main(args: argparse.Namespace) -> int:
     from aioloader.errors import LoaderError
 
     try:
-        result = run_bench(args)
+        if any(getattr(args, k, None) is not None for k in ("cache", "max_side", "cache_max_bytes")):
+            from aioloader.cli.cachebench import cache_report, make_cache
+
+            cache = make_cache(args)  # its options checked before the source is read
+            options = json.loads(args.storage_options) if args.storage_options else None
+            text = cache_report(args, cache, _dataset(args.source, options), load_decode(args.decode))
+        else:
+            result = run_bench(args)
+            text = json.dumps(asdict(result)) if args.json else format_report(result)
     except (ValueError, FileNotFoundError, ImportError) as exc:  # ImportError: --decode-on ray without Ray
         print(f"aioloader bench: {exc}", file=sys.stderr)
         return 2
     except LoaderError as exc:  # a file that cannot be read or decoded, named with its cause
         print(f"aioloader bench: loading failed: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(asdict(result)) if args.json else format_report(result))
+    print(text)
     return 0

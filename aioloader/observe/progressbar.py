@@ -1,5 +1,6 @@
 """The per-epoch progress bar of ``Loader(progress=...)``: batches done, with samples/s, MB/s
-and the share of time the trainer waited for data, on stderr.
+and the share of time the trainer waited for data, on stderr; with ``Loader(cache=...)``,
+also the epoch's share of samples served from the cache and the bytes it holds.
 
 It is drawn by tqdm: pure Python with no dependencies of its own, already in most training
 environments, and it redraws at most every ``mininterval`` seconds, so an update costs a
@@ -17,7 +18,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from aioloader.observe.stats import Counters
 
-__all__ = ["EpochBar", "ProgressMode", "make_bar", "terminal_bar"]
+__all__ = ["EpochBar", "ProgressMode", "make_bar", "size_text", "terminal_bar"]
 
 ProgressMode = bool | Literal["always"]
 T = TypeVar("T")
@@ -30,6 +31,7 @@ class EpochBar:
 
     def __init__(self, epoch: int, total: int, counters: Counters, done: int = 0, file: Any = None) -> None:
         self._counters = counters
+        self._epoch = epoch
         self._bar = _quiet_tqdm()(
             total=total,
             desc=f"epoch {epoch}",
@@ -54,14 +56,21 @@ class EpochBar:
             self._bar.set_postfix_str(self.figures(now), refresh=False)
 
     def figures(self, now: float | None = None) -> str:
-        """``"812 samples/s, 79.3 MB/s, waited 4%"`` since the epoch began."""
+        """``"812 samples/s, 79.3 MB/s, waited 4%"`` since the epoch began; with a cache,
+        then ``", cache 100% 412MB"``: this epoch's share of samples served from it (left
+        out until the cache has counted one of this epoch) and the bytes it holds."""
         c = self._counters
         elapsed = max(1e-9, (now if now is not None else time.perf_counter()) - self._t0)
-        return (
+        text = (
             f"{c.epoch_samples / elapsed:.0f} samples/s, "
             f"{(c.bytes_read - self._bytes0) / elapsed / 1e6:.1f} MB/s, "
             f"waited {c.epoch_wait / elapsed:.0%}"
         )
+        cache = c.cache
+        if cache is None:
+            return text
+        share = f"{cache.hit_rate:.0%} " if cache.epoch == self._epoch else ""
+        return f"{text}, cache {share}{size_text(cache.bytes_held)}"
 
     def close(self) -> None:
         if self._closed:
@@ -69,6 +78,16 @@ class EpochBar:
         self._closed = True
         self._bar.set_postfix_str(self.figures(), refresh=False)
         self._bar.close()
+
+
+def size_text(n: int) -> str:
+    """Bytes, short and decimal as the MB/s beside them: ``"412MB"``, ``"1.2GB"``, ``"35kB"``,
+    ``"481B"``."""
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}GB"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f}MB"
+    return f"{n / 1e3:.0f}kB" if n >= 1e3 else f"{n}B"
 
 
 def _quiet_tqdm() -> Any:
