@@ -569,6 +569,8 @@ def test_cgroup_v1_reads_the_memory_hierarchy(tmp_path: Path) -> None:
         },
     )
     assert cgroup_room(proc, tmp_path) == 2_500_000
+    (tmp_path / memory.lstrip("/") / "batch" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_room(proc, tmp_path) is None
 
 
 def test_cgroup_room_is_none_where_nothing_says(tmp_path: Path) -> None:
