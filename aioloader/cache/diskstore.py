@@ -84,7 +84,16 @@ class DiskStore:
 
     def read(self, key: str, arena: Arena | None) -> Source | str | None:
         """The entry's bytes (into ``arena`` when it fits), None when there is none, or
-        :data:`BAD` when there is one that fails its checks."""
+        :data:`BAD` when there is one that fails its checks: that file is removed, so the
+        sample read again from the source replaces it (:meth:`put` keeps a file of the
+        entry's size as another rank's)."""
+        got = self._read(key, arena)
+        if got is BAD:
+            with suppress(OSError):
+                os.unlink(self.folder / relpath(key))
+        return got
+
+    def _read(self, key: str, arena: Arena | None) -> Source | str | None:
         try:
             fd = os.open(self.folder / relpath(key), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -115,7 +124,7 @@ class DiskStore:
         size = HEADER + len(data)
         try:
             if os.stat(path).st_size == size:
-                return True  # written by another rank (a bad one of that size: replaced later)
+                return True  # written by another rank (a bad one is removed when read)
         except FileNotFoundError:
             pass
         with self._lock:

@@ -121,7 +121,12 @@ class SampleCache:
         the cache (into ``arena`` when given and they fit) or None to read it; and, for each
         miss to fill, what :meth:`keep` needs."""
         if epoch != self.stats.epoch:
-            self.stats = replace(self.stats, epoch=epoch, epoch_hits=0, epoch_misses=0)
+            # The last epoch's writes land first: its last samples are hits in this one,
+            # not read again (and written twice) while a cache thread still writes them.
+            if self._pending:
+                await asyncio.wait(list(self._pending), timeout=5.0)
+            if epoch != self.stats.epoch:
+                self.stats = replace(self.stats, epoch=epoch, epoch_hits=0, epoch_misses=0)
         keys = await self._keys(paths, spans)
         got: list[Source | None] = [None] * len(paths)
         fills: list[Fill | None] = [None] * len(paths)
