@@ -27,9 +27,10 @@ from aioloader.cache.diskstore import BAD, DiskStore
 from aioloader.cache.entries import HEADER, MAGIC, check, crc_ok, entry_key, header, relpath
 from aioloader.cache.memstore import REGION, MemoryStore
 from aioloader.cache.settings import FORMAT, resolved_bound
+from aioloader.decode.protocol import Chunk
 from aioloader.decode.shrink import shrink, target_size
-from aioloader.decode.worker import _shrunk
-from aioloader.memory.results import Pickled, Shrunk
+from aioloader.decode.worker import decode_chunk
+from aioloader.memory.results import Pickled, Shrunk, Source
 from aioloader.memory.slabs import Arena
 
 FP = Cache().fingerprint
@@ -373,19 +374,21 @@ def test_shrink_keeps_the_icc_profile() -> None:
     assert img.info.get("icc_profile") == icc
 
 
-def test_a_truncated_image_raises_and_the_worker_keeps_only_the_result() -> None:
+def test_a_truncated_image_raises_and_the_worker_decodes_the_file_unkept() -> None:
     """An image Pillow recognises but cannot decode raises in ``shrink``; the worker then
-    answers the sample's result alone (it is not cached), and a good one with its bytes."""
+    decodes the file as it is and keeps nothing. A good image is decoded from its small
+    JPEG, which is kept; a file that is no image is decoded and kept as it is."""
     data = image_bytes((1024, 768), "RGB", "JPEG", quality=95)
     cut = data[: len(data) // 2]
     with pytest.raises(OSError):
         shrink(cut, 256, 90)
-    result = Pickled(np.array([1]))
-    assert _shrunk(result, cut, 256, 90) is result
-    made = _shrunk(result, data, 256, 90)
-    assert isinstance(made, Shrunk) and made.result is result and opened(made.kept).size == (256, 192)
-    kept_as_is = _shrunk(result, b"sample-000001", 256, 90)
-    assert isinstance(kept_as_is, Shrunk) and kept_as_is.kept is None
+    items: list[tuple[int, int, Source]] = [(0, 0, cut), (1, 1, data), (2, 2, b"sample-000001")]
+    chunk = Chunk(None, None, items, 0, 0, shrink=(256, 90, frozenset({0, 1, 2})))
+    unkept, made, as_is = decode_chunk(None, chunk, bytes)  # the decode: what it received
+    assert unkept == Pickled(cut)
+    assert isinstance(made, Shrunk) and made.kept is not None and made.result == Pickled(made.kept)
+    assert opened(made.kept).size == (256, 192)
+    assert as_is == Shrunk(Pickled(b"sample-000001"), None)
 
 
 # -- Cache(...) and Loader(cache=...) arguments ---------------------------------------------------
