@@ -128,11 +128,14 @@ def test_later_epochs_are_served_from_the_cache(
     with make(files, log, loader_process, Cache(directory=store)) as loader:
         first = epoch(loader, 0)
         assert reads(log) == names(files)
+        read_then = loader.stats.bytes_read
         second = epoch(loader, 1)
         assert reads(log) == []
         stats = loader.stats.cache
+        # bytes_read counts the source's bytes; the hits' are the cache's own figure.
+        assert loader.stats.bytes_read == read_then == sum(os.path.getsize(f) for f in files)
     assert [first, second] == reference and sorted(first) == list(range(N))
-    assert stats is not None
+    assert stats is not None and stats.bytes_served == read_then
     assert (stats.hits, stats.misses, stats.stored, stats.entries) == (N, N, N, N)
     assert (stats.epoch, stats.epoch_hits, stats.epoch_misses, stats.hit_rate) == (1, N, 0, 1.0)
     assert (stats.over_bound, stats.rejected) == (0, 0)

@@ -143,7 +143,8 @@ class SampleCache:
             if got[i] is None and key is not None and room:
                 fills[i] = key
         hits = sum(src is not None for src in got)
-        self._count(hits=hits, misses=len(paths) - hits, rejected=rejected)
+        served = sum(src[1] if isinstance(src, tuple) else len(src) for src in got if src is not None)
+        self._count(hits=hits, misses=len(paths) - hits, rejected=rejected, served=served)
         return got, fills
 
     async def _keys(self, paths: list[str], spans: list[tuple[int, int] | None] | None) -> list[Fill | None]:
@@ -283,6 +284,7 @@ class SampleCache:
             stored=s.stored + more.get("stored", 0),
             over_bound=s.over_bound + more.get("over_bound", 0),
             rejected=s.rejected + more.get("rejected", 0),
+            bytes_served=s.bytes_served + more.get("served", 0),
             bytes_held=store.held,
             entries=len(store) if isinstance(store, MemoryStore) else store.entries,
         )

@@ -30,12 +30,14 @@ async def read_through(
     arena: Arena | None,
     timeout: float | None,
     epoch: int,
-) -> tuple[list[Source | SampleError], list[Fill | None]]:
+) -> tuple[list[Source | SampleError], list[Fill | None], int]:
     """Each ``(index, path)``'s bytes as :meth:`FileReader.fetch_many` gives them, from
-    the cache where it has them; and, for each miss the cache wants, its fill."""
+    the cache where it has them; for each miss the cache wants, its fill; and how many of
+    the bytes came from the cache."""
     if cache is None:
-        return await reader.fetch_many(items, arena, timeout, spans), [None] * len(items)
+        return await reader.fetch_many(items, arena, timeout, spans), [None] * len(items), 0
     served, fills = await cache.serve([p for _, p in items], spans, arena, epoch)
+    hit_bytes = sum(s[1] if isinstance(s, tuple) else len(s) for s in served if s is not None)
     miss = [i for i, src in enumerate(served) if src is None]
     out: list[Source | SampleError] = [src for src in served if src is not None] if not miss else []
     if miss:
@@ -46,7 +48,7 @@ async def read_through(
         for i, res in zip(miss, got, strict=True):
             merged[i] = res
         out = [res for res in merged if res is not None]
-    return out, fills
+    return out, fills, hit_bytes
 
 
 def _bytes(src: Source, arena: Arena | None) -> bytes | memoryview:

@@ -329,7 +329,7 @@ class Engine:
         spans = [self._ds.span(index) for index in chosen] if self._ds.has_spans else None
         sources: list[Source | None] = []
         total = 0
-        got, fills = await read_through(
+        got, fills, served = await read_through(
             self.cache, self._reader, items, spans, arena, self._cfg.sample_timeout, work.epoch
         )
         for row, res, fill in zip(rows, got, fills, strict=True):
@@ -346,7 +346,9 @@ class Engine:
                 work.fills[row] = (fill, size)
         read = len(sources) - sources.count(None)
         if read:  # counted once per chunk: a chunk may be a whole batch of tiny files
-            self._counters.add_bytes(total)
+            # Bytes read from the source; the cache's hits (their bytes in stats.cache) too
+            # fill the arenas the sizes plan.
+            self._counters.add_bytes(total - served)
             self._sizes.add(total, read)
         return sources
 

@@ -14,7 +14,9 @@ class CacheStats:
     """Counts over the loader's life, with the current epoch's beside them.
 
     ``hits``: samples whose bytes came from the cache (no read of the source); ``misses``:
-    samples read from the source; ``stored``: entries this loader added; ``bytes_held`` and
+    samples read from the source (``loader.stats.bytes_read`` counts their bytes only);
+    ``bytes_served``: the bytes the hits gave the decodes; ``stored``: entries this loader
+    added; ``bytes_held`` and
     ``entries``: what the cache holds now (a disk cache: what it held when the loader
     started, plus what this loader added); ``max_bytes``: its bound; ``over_bound``:
     samples not kept because the bound was reached; ``rejected``: entries found cut short or
@@ -23,6 +25,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     stored: int = 0
+    bytes_served: int = 0
     bytes_held: int = 0
     entries: int = 0
     max_bytes: int = 0
