@@ -68,7 +68,11 @@ class DiskStore:
         for sub in os.scandir(self.folder):
             if not sub.is_dir(follow_symlinks=False) or len(sub.name) != 2:
                 continue
-            for entry in os.scandir(sub.path):
+            try:
+                entries = list(os.scandir(sub.path))
+            except OSError:  # removed or unreadable meanwhile: nothing of it is counted
+                continue
+            for entry in entries:
                 if entry.name.startswith(".tmp-"):
                     pid = entry.name.split("-")[1]
                     if pid.isdigit() and not _alive(int(pid)):

@@ -21,6 +21,7 @@ run). Loop-bound, but for the blocking parts on its own daemon threads.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -95,6 +96,8 @@ class SampleCache:
         self._opened: Future[None] | None = None
         if self._disk is not None:
             self._disk.folder.mkdir(parents=True, exist_ok=True)  # an error here names it
+            if not os.access(self._disk.folder, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "cannot write the folder", str(self._disk.folder))
             self._opened = self._pool.submit(self._disk.open)
         #: URL -> key, for objects identified in this run (bounded by the entries).
         self._known: dict[str, str] = {}
@@ -255,9 +258,16 @@ class SampleCache:
             return
         assert self._disk is not None
         # Copied now: the batch's arena the bytes may lie in is reused once it is decoded.
-        fut = asyncio.wrap_future(self._pool.submit(self._disk.put, key, bytes(data)))
+        fut = asyncio.wrap_future(self._pool.submit(self._put, key, bytes(data)))
         self._pending.add(fut)
         fut.add_done_callback(self._stored)
+
+    def _put(self, key: str, data: bytes) -> bool:
+        """On a cache thread: write the entry once the store has counted what its folder
+        held (its bound counts from there; the open, submitted first, has its thread)."""
+        assert self._disk is not None and self._opened is not None
+        self._opened.result()
+        return self._disk.put(key, data)
 
     def _stored(self, fut: asyncio.Future[bool]) -> None:
         self._pending.discard(fut)
