@@ -1,7 +1,8 @@
 """Memory this process may still take: the system's ``MemAvailable`` lowered to the room left
 under the memory limit of its own cgroup and of each ancestor (v2 ``memory.max`` minus
 ``memory.current``, v1 ``memory.limit_in_bytes`` minus ``memory.usage_in_bytes``), found
-through the same chain of cgroups as the CPU quota (:func:`aioloader.base.cpus.quota_dirs`).
+through the same chain of cgroups as the CPU quota (:func:`aioloader.base.cpus.quota_dirs`),
+in the v1 hierarchy of the ``memory`` controller (mounted apart from ``cpu`` on most hosts).
 A container limited to 8 GiB on a 512 GiB host has at most 8 GiB, less what it uses.
 Nothing here raises: what cannot be read limits nothing."""
 
@@ -31,7 +32,7 @@ def cgroup_room(proc: str | Path = "/proc/self", root: str | Path = "/") -> int 
     except OSError:
         return None
     rooms = []
-    for version, directory in quota_dirs(proc_cgroup, mountinfo):
+    for version, directory in quota_dirs(proc_cgroup, mountinfo, controller="memory"):
         d = Path(root, directory.lstrip("/"))
         limit, used = (
             (_int(d / "memory.max"), _int(d / "memory.current"))

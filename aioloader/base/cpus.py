@@ -35,7 +35,7 @@ class Mount:
     hierarchy, as this namespace sees it, is mounted; ``/docker/<id>`` when only a
     container's subtree is; ``/..`` when the mount shows a cgroup above the namespace's)."""
 
-    version: int  # 1: a v1 hierarchy holding the ``cpu`` controller; 2: the unified one
+    version: int  # 1: a v1 hierarchy holding the controller asked for (``cpu``); 2: the unified one
     root: str
     mountpoint: str
 
@@ -45,10 +45,11 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def cgroup_mounts(mountinfo: str) -> list[Mount]:
-    """The cgroup mounts where a CPU quota may be read, from ``/proc/<pid>/mountinfo``'s text:
-    every cgroup2 mount, and every v1 mount whose hierarchy holds the ``cpu`` controller
-    (alone or co-mounted, as ``cpu,cpuacct``), in the order listed."""
+def cgroup_mounts(mountinfo: str, controller: str = "cpu") -> list[Mount]:
+    """The cgroup mounts where a CPU quota (``controller``: another controller's limit) may be
+    read, from ``/proc/<pid>/mountinfo``'s text: every cgroup2 mount, and every v1 mount whose
+    hierarchy holds the controller (alone or co-mounted, as ``cpu,cpuacct``), in the order
+    listed."""
     mounts = []
     for line in mountinfo.splitlines():
         fields = line.split()
@@ -62,15 +63,16 @@ def cgroup_mounts(mountinfo: str) -> list[Mount]:
         root, mountpoint = _unescape(fields[3]), _unescape(fields[4])
         if fstype == "cgroup2":
             mounts.append(Mount(V2, root, mountpoint))
-        elif fstype == "cgroup" and "cpu" in superopts:
+        elif fstype == "cgroup" and controller in superopts:
             mounts.append(Mount(V1, root, mountpoint))
     return mounts
 
 
-def cgroup_paths(proc_cgroup: str) -> dict[int, str]:
+def cgroup_paths(proc_cgroup: str, controller: str = "cpu") -> dict[int, str]:
     """This process's cgroup in each hierarchy that may hold a quota, from
     ``/proc/<pid>/cgroup``'s text (``hierarchy-id:controllers:path`` lines): ``{1: path}`` for
-    the v1 hierarchy with the ``cpu`` controller, ``{2: path}`` for the unified one (``0::``).
+    the v1 hierarchy with ``controller`` (``cpu``; ``memory``: its own hierarchy, on most v1
+    hosts), ``{2: path}`` for the unified one (``0::``).
     Paths are relative to this process's cgroup namespace; outside it they start ``/..``."""
     paths: dict[int, str] = {}
     for line in proc_cgroup.splitlines():
@@ -80,7 +82,7 @@ def cgroup_paths(proc_cgroup: str) -> dict[int, str]:
         hierarchy, controllers, path = parts
         if hierarchy == "0" and controllers == "":
             paths[V2] = path
-        elif "cpu" in controllers.split(","):
+        elif controller in controllers.split(","):
             paths[V1] = path
     return paths
 
@@ -89,10 +91,11 @@ def _parts(path: str) -> list[str]:
     return [p for p in path.split("/") if p not in ("", ".")]
 
 
-def quota_dirs(proc_cgroup: str, mountinfo: str) -> list[tuple[int, str]]:
+def quota_dirs(proc_cgroup: str, mountinfo: str, controller: str = "cpu") -> list[tuple[int, str]]:
     """``(version, directory)`` for each cgroup whose quota binds this process, as seen from
     this mount namespace: its own cgroup first, then each ancestor up to the root of the mount
-    it is seen through, for v1 and v2 alike (pure).
+    it is seen through, for v1 and v2 alike (pure). ``controller``: whose limits (``cpu``, or
+    ``memory``: on v1, the hierarchy that holds it, not the ``cpu`` one).
 
     A hierarchy mounted more than once is read through the mount that shows most of the
     chain (the shallowest root above the cgroup). A cgroup no mount of its hierarchy shows (a
@@ -100,9 +103,9 @@ def quota_dirs(proc_cgroup: str, mountinfo: str) -> list[tuple[int, str]]:
     nothing: none of its ancestors is visible either, and a mount point showing some other
     cgroup's quota would be wrong to read.
     """
-    mounts = cgroup_mounts(mountinfo)
+    mounts = cgroup_mounts(mountinfo, controller)
     dirs: list[tuple[int, str]] = []
-    for version, path in sorted(cgroup_paths(proc_cgroup).items()):
+    for version, path in sorted(cgroup_paths(proc_cgroup, controller).items()):
         own = _parts(path)
         best: tuple[Mount, list[str]] | None = None
         for mount in mounts:
