@@ -26,7 +26,9 @@ before their latency, until that many are in flight at once; then every request 
 through, until the next ``_control``; a hang guard lets them all go after ``hold_s``,
 default 30). ``GET /_stats``
 (:func:`server_stats`) returns the request count and the most requests in flight at once
-since the last ``_control``.
+since the last ``_control``; ``GET /_requests`` (:func:`server_requests`), the requests
+since the last ``_control`` by method and path (``"HEAD /bucket/key": 1``), so a test tells
+a HEAD from a GET.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ __all__ = [
     "control",
     "free_port",
     "s3_client",
+    "server_requests",
     "server_stats",
     "start_file_server",
     "moto_reader",
@@ -246,6 +249,16 @@ def server_stats(url: str) -> dict[str, int]:
         return dict(json.loads(resp.read()))
 
 
+def server_requests(url: str) -> dict[str, int]:
+    """The requests the file server or proxy at ``url`` answered since the last
+    :func:`control`, counted by ``"METHOD /path"`` (the query left out)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/_requests", timeout=10) as resp:
+        return dict(json.loads(resp.read()))
+
+
 def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  # pragma: no cover
     """The file server (``root``) or the proxy (``upstream``); runs in the server process."""
     import asyncio
@@ -269,6 +282,7 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
 
     control = dict(CONTROL_DEFAULTS)
     seen: Counter[str] = Counter()
+    calls: Counter[str] = Counter()  # "METHOD /path" since the last _control
     total = [0]
     flight = {"now": 0, "max": 0}
     released = [asyncio.Event()]  # set once hold_until requests were in flight together
@@ -276,6 +290,7 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
     async def set_control(request: web.Request) -> web.Response:
         control.update(await request.json())
         seen.clear()
+        calls.clear()
         flight["max"] = flight["now"]
         released[0] = asyncio.Event()
         return web.json_response(control)
@@ -283,8 +298,12 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
     async def stats(request: web.Request) -> web.Response:
         return web.json_response({"requests": total[0], "max_in_flight": flight["max"]})
 
+    async def requests(request: web.Request) -> web.Response:
+        return web.json_response(dict(calls))
+
     async def serve_file(request: web.Request) -> web.StreamResponse:
         total[0] += 1
+        calls[f"{request.method} {request.path}"] += 1
         flight["now"] += 1
         flight["max"] = max(flight["max"], flight["now"])
         try:
@@ -353,6 +372,7 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
     app = web.Application()
     app.router.add_post("/_control", set_control)
     app.router.add_get("/_stats", stats)
+    app.router.add_get("/_requests", requests)
     app.router.add_get("/{path:.*}", serve_file)
     # A backlog for thousands of connections opened at once (the default 128 drops SYNs).
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, backlog=4096)

@@ -57,6 +57,8 @@ class DiskStore:
         self.entries = 0
         #: The disk said it is full (ENOSPC, EDQUOT): nothing more is written.
         self.full = False
+        #: Keys whose entry :meth:`read` found bad: :meth:`put` replaces it, whatever its size.
+        self._bad: set[str] = set()
         self._lock = threading.Lock()
 
     def open(self) -> None:
@@ -88,16 +90,10 @@ class DiskStore:
 
     def read(self, key: str, arena: Arena | None) -> Source | str | None:
         """The entry's bytes (into ``arena`` when it fits), None when there is none, or
-        :data:`BAD` when there is one that fails its checks: that file is removed, so the
-        sample read again from the source replaces it (:meth:`put` keeps a file of the
-        entry's size as another rank's)."""
-        got = self._read(key, arena)
-        if got is BAD:
-            with suppress(OSError):
-                os.unlink(self.folder / relpath(key))
-        return got
-
-    def _read(self, key: str, arena: Arena | None) -> Source | str | None:
+        :data:`BAD` when there is one that fails its checks: its key is remembered, so the
+        sample read again from the source replaces it (:meth:`put` otherwise keeps a file
+        of the entry's size as another rank's). Not removed here: another rank may have
+        replaced it with a good one meanwhile."""
         try:
             fd = os.open(self.folder / relpath(key), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -107,30 +103,38 @@ class DiskStore:
             head = os.pread(fd, HEADER, 0)
             length = check(key, head, size)
             if length is None:
-                return BAD
+                return self._rejected(key)
             at = arena.alloc(length) if arena is not None and length else None
             if at is None:
                 data = os.pread(fd, length, HEADER)
-                return data if len(data) == length and crc_ok(head, data) else BAD
+                return data if len(data) == length and crc_ok(head, data) else self._rejected(key)
             assert arena is not None
             view = arena.buf[at : at + length]
             if os.preadv(fd, [view], HEADER) != length or not crc_ok(head, view):
                 arena.shrink(at, length, 0)
-                return BAD
+                return self._rejected(key)
             return (at, length)
         finally:
             os.close(fd)
+
+    def _rejected(self, key: str) -> str:
+        with self._lock:
+            self._bad.add(key)
+        return BAD
 
     def put(self, key: str, data: bytes | memoryview) -> bool:
         """Write the entry; False when it would pass the bound or the disk is full (nothing
         left behind). True also when another process wrote it already."""
         path = self.folder / relpath(key)
         size = HEADER + len(data)
+        with self._lock:
+            bad = key in self._bad
         try:
-            if os.stat(path).st_size == size:
-                return True  # written by another rank (a bad one is removed when read)
+            old: int | None = os.stat(path).st_size
         except FileNotFoundError:
-            pass
+            old = None
+        if old == size and not bad:
+            return True  # written by another rank
         with self._lock:
             if not self.room(len(data)):
                 return False
@@ -158,5 +162,9 @@ class DiskStore:
                 return False
             raise
         with self._lock:
-            self.entries += 1
+            self._bad.discard(key)
+            if old is None:
+                self.entries += 1
+            else:
+                self.held -= old  # the file replaced (a bad one): its bytes are gone
         return True

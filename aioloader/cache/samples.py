@@ -101,6 +101,9 @@ class SampleCache:
             self._opened = self._pool.submit(self._disk.open)
         #: URL -> key, for objects identified in this run (bounded by the entries).
         self._known: dict[str, str] = {}
+        #: URLs whose server gave no version this run: a disk cache keeps none of them, and
+        #: does not ask again each epoch.
+        self._versionless: set[str] = set()
         self.stats = CacheStats(max_bytes=max_bytes)
         self._pending: set[asyncio.Future[Any]] = set()
         #: Key -> the length its object's HEAD announced, until the read is kept.
@@ -167,7 +170,7 @@ class SampleCache:
                 known = self._known.get(p)
                 if known is not None:
                     keys[i] = known
-                elif self.remote is not None:
+                elif self.remote is not None and p not in self._versionless:
                     head: asyncio.Future[str | None] = asyncio.ensure_future(self._head(p, span[i]))
                     self._pending.add(head)
                     head.add_done_callback(self._pending.discard)
@@ -200,6 +203,7 @@ class SampleCache:
         except Exception:  # noqa: BLE001 - the read says what is wrong; this sample is not kept
             return None
         if not tag and self._disk is not None:
+            self._versionless.add(url)
             return None  # a disk entry must be told apart from a changed object next run
         key = entry_key(self.settings.fingerprint, url, span, (size, tag))
         self._known[url] = key

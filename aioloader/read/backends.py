@@ -370,7 +370,10 @@ class ObstoreBackend:
     async def head(self, url: str) -> tuple[int, str]:
         store, path = self._store(url)
         meta = await self._ob.head_async(store, path)
-        tag = meta.get("e_tag") or meta.get("last_modified") or ""
+        modified = meta.get("last_modified")
+        if modified is not None and modified.timestamp() == 0:
+            modified = None  # obstore's stand-in where the server sent no Last-Modified (HTTP)
+        tag = meta.get("e_tag") or modified or ""
         return int(meta["size"]), str(tag)
 
     async def list_one(self, url: str, bucket: str) -> None:
