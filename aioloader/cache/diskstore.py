@@ -2,26 +2,32 @@
 (:func:`~aioloader.cache.entries.relpath`), in the format of :mod:`aioloader.cache.entries`.
 
 **Consistent after a SIGKILL at any moment.** An entry is written to a temporary name in
-its sub-folder (``.tmp-<pid>-<key>``, created exclusively), then renamed over its name: a
-reader sees no file or a whole one, never one being written. A file a crash left
-half-written anyway (no fsync: a power loss may keep the rename and lose the bytes) fails
-its length or CRC check and is read again from the source, then replaced. Temporary files
-of processes that are gone are removed when a store opens.
+its sub-folder (``.tmp-<pid>-<thread>-<key>``, created exclusively and locked with
+``flock`` while written), then renamed over its name: a reader sees no file or a whole one,
+never one being written. A file a crash left half-written anyway (no fsync: a power loss may
+keep the rename and lose the bytes) fails its length or CRC check and is read again from the
+source, then replaced. A store that opens removes the temporary files no writer holds
+locked any more, once their writer's pid is gone or they are a minute old (a writer in
+another PID namespace holds its lock, whatever its pid means here).
 
 **Shared by the ranks of a node.** Ranks filling the same folder at once each write their
 own temporary file; the last rename wins, both hold the same bytes, one file remains. A
 rank that finds the entry already there does not write it again. Each store counts the
 bytes it found when it opened plus those it wrote, so ranks filling at once may together
-pass ``max_bytes`` by what the others wrote since (DESIGN departure noted in RESULTS).
+pass ``max_bytes`` by what the others wrote since (a departure from DESIGN.md, noted in
+RESULTS.md section 28).
 
+A cache that fails loses entries, never samples: an entry that cannot be read is a miss.
 Blocking: every method runs on the cache's threads (:mod:`aioloader.cache.samples`).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import threading
+import time
 from contextlib import suppress
 from pathlib import Path
 
@@ -35,6 +41,10 @@ __all__ = ["BAD", "DiskStore"]
 BAD = "bad"
 
 
+#: Seconds after which a temporary file no writer holds locked is left over, whatever its pid.
+STALE = 60.0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -42,6 +52,25 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:  # EPERM: someone else's, alive
         return True
+    return True
+
+
+def _left_over(path: str, name: str) -> bool:
+    """Whether the temporary file ``path`` is what a writer that is gone left: unlocked,
+    and of a pid that is gone or a minute old."""
+    pid = name.split("-")[1]
+    try:
+        if not (pid.isdigit() and not _alive(int(pid))) and time.time() - os.stat(path).st_mtime < STALE:
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its writer is writing it
+        return False
+    finally:
+        os.close(fd)
     return True
 
 
@@ -67,17 +96,17 @@ class DiskStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         if not os.access(self.folder, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, "cannot write the cache folder", str(self.folder))
-        for sub in os.scandir(self.folder):
-            if not sub.is_dir(follow_symlinks=False) or len(sub.name) != 2:
-                continue
+        with os.scandir(self.folder) as top:
+            subs = [s.path for s in top if len(s.name) == 2 and s.is_dir(follow_symlinks=False)]
+        for sub in subs:
             try:
-                entries = list(os.scandir(sub.path))
+                with os.scandir(sub) as found:
+                    entries = list(found)
             except OSError:  # removed or unreadable meanwhile: nothing of it is counted
                 continue
             for entry in entries:
                 if entry.name.startswith(".tmp-"):
-                    pid = entry.name.split("-")[1]
-                    if pid.isdigit() and not _alive(int(pid)):
+                    if _left_over(entry.path, entry.name):
                         with suppress(OSError):
                             os.unlink(entry.path)
                     continue
@@ -96,14 +125,17 @@ class DiskStore:
         replaced it with a good one meanwhile."""
         try:
             fd = os.open(self.folder / relpath(key), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+        except OSError:  # none, or one that cannot be read (EACCES, EISDIR, EIO): a miss
             return None
+        at: int | None = None
+        length = 0
         try:
             size = os.fstat(fd).st_size
             head = os.pread(fd, HEADER, 0)
-            length = check(key, head, size)
-            if length is None:
+            checked = check(key, head, size)
+            if checked is None:
                 return self._rejected(key)
+            length = checked
             at = arena.alloc(length) if arena is not None and length else None
             if at is None:
                 data = os.pread(fd, length, HEADER)
@@ -114,6 +146,10 @@ class DiskStore:
                 arena.shrink(at, length, 0)
                 return self._rejected(key)
             return (at, length)
+        except OSError:  # EIO mid-read: a miss, its arena room given back
+            if at is not None and arena is not None:
+                arena.shrink(at, length, 0)
+            return None
         finally:
             os.close(fd)
 
@@ -144,6 +180,7 @@ class DiskStore:
             path.parent.mkdir(exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held until closed: not a left-over (open)
                 os.write(fd, header(key, data))
                 view = memoryview(data)
                 while view:

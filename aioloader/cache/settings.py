@@ -45,14 +45,18 @@ class Cache:
             PNG, WebP, BMP, TIFF) are kept re-encoded as JPEG, EXIF orientation applied,
             their longer side at most ``N`` pixels (never enlarged), made by the decode
             workers as the first epoch reads each file: ``decode`` receives the small image
-            from the first epoch on (a large photo is decoded once, at a reduced scale).
+            from the first epoch on, also for samples past the bound (a large photo is
+            decoded once, at a reduced scale). Needs this machine's CPU workers: refused
+            with ``decode=None``, ``decode_on="ray"`` and ``ImageDecoder(device=...)``.
             This changes what the model sees (as FFCV's ``max_resolution`` does), so it is
             opt-in. Other files are kept as they are.
         quality: the JPEG quality of those re-encoded images (1-100).
 
-    An entry is keyed by the source's identity (path or URL, size, modification time or
-    ETag) and by these settings; a changed source is read again; an entry cut short (a
-    killed trainer, a full disk) is found by its length and checksum and read again.
+    An entry is keyed by the source's identity (absolute path or URL, size, modification
+    time or ETag) and by these settings: a file is stat'ed every epoch, an object asked for
+    once per run (:mod:`aioloader.cache.identity`); a changed source is read again; an
+    entry cut short (a killed trainer, a full disk) is found by its length and checksum and
+    read again. A cache that fails loses entries, never samples.
     """
 
     directory: str | os.PathLike[str] | None = None
@@ -63,6 +67,8 @@ class Cache:
     def __post_init__(self) -> None:
         if self.directory is not None and not isinstance(self.directory, (str, os.PathLike)):
             raise TypeError(f"Cache(directory={self.directory!r}): must be a path or None")
+        if self.directory is not None and not os.fspath(self.directory):
+            raise ValueError("Cache(directory=''): must be a folder's path, or None for memory")
         _positive("max_bytes", self.max_bytes)
         _positive("max_side", self.max_side)
         q = self.quality

@@ -11,7 +11,7 @@ from aioloader.memory.slabs import Slab, SlabPool
 
 __all__ = ["BatchSlabs", "BatchWork", "Fills"]
 
-#: A batch's misses the sample cache keeps once they succeed, by row: what keys each (see
+#: A batch's misses, by row: what keeps each once it succeeds (its key, or ``UNKEPT``: see
 #: :meth:`aioloader.cache.samples.SampleCache.serve`), and the length read.
 Fills = dict[int, tuple[Fill, int]]
 
@@ -93,7 +93,7 @@ class BatchWork:
     slabs: BatchSlabs
     results: list[RowResult | None] = field(init=False)
     probes: int = 0
-    #: Rows read from the source that the sample cache keeps once they succeed.
+    #: Rows read from the source, and whether the sample cache keeps them once they succeed.
     fills: Fills = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -4,14 +4,15 @@ stores and its keys are :mod:`aioloader.cache`'s; this is only where the engine 
 
 A sample is kept only once it succeeded: read, for ``decode=None``; decoded, otherwise (a
 failed sample is never kept, so it fails the same way next epoch, judged by ``on_error``
-and ``max_failures`` as without a cache). With ``max_side``, only what a worker made before
-the decode (and decoded) is kept (:class:`~aioloader.memory.results.Shrunk`), never the
-file as read.
+and ``max_failures`` as without a cache). With ``max_side``, every miss is decoded from the
+small image its worker makes first (kept or not: one resolution whatever the bound), and
+only what a worker made is kept (:class:`~aioloader.memory.results.Shrunk`: the small
+image, or the file where it needs none).
 """
 
 from __future__ import annotations
 
-from aioloader.cache.samples import Fill, SampleCache
+from aioloader.cache.samples import UNKEPT, Fill, SampleCache
 from aioloader.decode.contract import ChunkItem, Outcome
 from aioloader.engine.batch import Fills
 from aioloader.errors import SampleError
@@ -29,14 +30,13 @@ async def read_through(
     spans: list[tuple[int, int] | None] | None,
     arena: Arena | None,
     timeout: float | None,
-    epoch: int,
 ) -> tuple[list[Source | SampleError], list[Fill | None], int]:
     """Each ``(index, path)``'s bytes as :meth:`FileReader.fetch_many` gives them, from
-    the cache where it has them; for each miss the cache wants, its fill; and how many of
-    the bytes came from the cache."""
+    the cache where it has them; for each miss, what keeps it (None for a hit); and how
+    many of the bytes came from the cache."""
     if cache is None:
         return await reader.fetch_many(items, arena, timeout, spans), [None] * len(items), 0
-    served, fills = await cache.serve([p for _, p in items], spans, arena, epoch)
+    served, fills = await cache.serve([p for _, p in items], spans, arena)
     hit_bytes = sum(s[1] if isinstance(s, tuple) else len(s) for s in served if s is not None)
     miss = [i for i, src in enumerate(served) if src is None]
     out: list[Source | SampleError] = [src for src in served if src is not None] if not miss else []
@@ -61,14 +61,16 @@ def _bytes(src: Source, arena: Arena | None) -> bytes | memoryview:
 def keep_read(cache: SampleCache, fills: Fills, row: int, src: Source, arena: Arena | None) -> None:
     """``decode=None``: row ``row`` was read, so its bytes are kept as they are."""
     fill = fills.pop(row, None)
-    if fill is not None:
+    if fill is not None and fill[0] != UNKEPT:
         cache.keep(fill[0], bytes(_bytes(src, arena)), fill[1])
 
 
 def shrink_for(
     cache: SampleCache | None, fills: Fills, items: list[ChunkItem]
 ) -> tuple[int, int, frozenset[int]] | None:
-    """What the workers make for the cache before this chunk's decodes (and decode) (``max_side``)."""
+    """``(max_side, quality, rows)``: the chunk's misses, whose files its workers decode
+    small (and hand the small image to the cache); None without ``max_side``. Hits are
+    small already."""
     spec = cache.shrink if cache is not None else None
     rows = frozenset(r for r, _, _ in items if r in fills)
     return None if spec is None or not rows else (*spec, rows)
@@ -88,6 +90,8 @@ def keep_decoded(
     taken: list[RowResult | SampleError] = []
     for (row, _, src), outcome in zip(items, outcomes, strict=True):
         fill = fills.pop(row, None) if cache is not None else None
+        if fill is not None and fill[0] == UNKEPT:
+            fill = None
         if isinstance(outcome, Shrunk):
             if fill is not None:
                 assert cache is not None

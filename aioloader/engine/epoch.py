@@ -145,6 +145,8 @@ class Engine:
         ``Failure``. Cancelling the task cancels every read and decode it started."""
         tuning = asyncio.ensure_future(self.tuner.run()) if self.tuner is not None else None
         try:
+            if self.cache is not None:
+                await self.cache.begin(plan.epoch)
             await self._run(plan, out)
         except LoaderError as exc:
             await out.put(Failure(exc))
@@ -330,7 +332,7 @@ class Engine:
         sources: list[Source | None] = []
         total = 0
         got, fills, served = await read_through(
-            self.cache, self._reader, items, spans, arena, self._cfg.sample_timeout, work.epoch
+            self.cache, self._reader, items, spans, arena, self._cfg.sample_timeout
         )
         for row, res, fill in zip(rows, got, fills, strict=True):
             if isinstance(res, SampleError):

@@ -16,11 +16,12 @@ class CacheStats:
     ``hits``: samples whose bytes came from the cache (no read of the source); ``misses``:
     samples read from the source (``loader.stats.bytes_read`` counts their bytes only);
     ``bytes_served``: the bytes the hits gave the decodes; ``stored``: entries this loader
-    added; ``bytes_held`` and
+    kept (a disk cache: written, or found written by another rank meanwhile); ``bytes_held`` and
     ``entries``: what the cache holds now (a disk cache: what it held when the loader
     started, plus what this loader added); ``max_bytes``: its bound; ``over_bound``:
-    samples not kept because the bound was reached; ``rejected``: entries found cut short or
-    damaged (read again from the source); ``epoch_hits``, ``epoch_misses``: this epoch's."""
+    misses not kept because the bound was reached (each time one is read); ``rejected``:
+    entries found cut short or damaged (read again from the source); ``epoch_hits``,
+    ``epoch_misses``: this epoch's."""
 
     hits: int = 0
     misses: int = 0

@@ -96,9 +96,11 @@ class Pipeline:
     async def aclose(self) -> None:
         """On the loader's loop, before it stops: the cache's writes under way finish, the
         remote connections close."""
-        if self.cache is not None:
-            await self.cache.aclose()
-        await self.reader.aclose()
+        try:
+            if self.cache is not None:
+                await self.cache.aclose(timeout=1.0)
+        finally:
+            await self.reader.aclose()
 
     def close(self, grace: float) -> None:
         """Stop the workers (``grace`` seconds for a decode in progress) or cancel the Ray
@@ -127,15 +129,25 @@ def build(
     With ``decode_on="ray"`` it connects first: nothing is made if that fails (nor if a
     disk cache's folder cannot be used: checked before)."""
     cache = _sample_cache(config, counters)
+    try:
+        return _assemble(config, dataset, counters, trainer_pid, cache)
+    except BaseException:  # what it made it closed; the cache's threads go too
+        if cache is not None:
+            cache.close()
+        raise
+
+
+def _assemble(
+    config: LoaderConfig,
+    dataset: FileDataset,
+    counters: Counters,
+    trainer_pid: int | None,
+    cache: SampleCache | None,
+) -> Pipeline:
     cluster = None
     if config.decode_on == "ray":
         cluster = RaySession(config.sent["decode"], config.cluster_tasks)
-        try:
-            cluster.start()
-        except BaseException:
-            if cache is not None:
-                cache.close()
-            raise
+        cluster.start()
         counters.meters["decode"].capacity = cluster.tasks
         counters.meters["decode"].bound = cluster.bound
     kind = choose_kind() if config.decode is not None else None
@@ -228,6 +240,6 @@ def _sample_cache(config: LoaderConfig, counters: Counters) -> SampleCache | Non
 
     try:
         bound = resolved_bound(config.cache, available_memory())
-        return SampleCache(config.cache, bound, None, publish)
+        return SampleCache(config.cache, bound, config.sample_timeout, publish)
     except OSError as exc:
         raise LoaderError(f"cache directory {str(config.cache.folder)!r} cannot be used: {exc}") from None

@@ -39,7 +39,6 @@ __all__ = [
     "IoTuner",
     "IoWindow",
     "WorkerTuner",
-    "available_memory",
     "memory_cap",
     "process_cpu_seconds",
 ]
@@ -153,18 +152,6 @@ def memory_cap(budget: int, bytes_per_sample: int, batch_size: int) -> int:
     file and its decoded output (``bytes_per_sample``)."""
     per = max(1, bytes_per_sample)
     return max(1, budget // per - 2 * batch_size)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new allocations (Linux's MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

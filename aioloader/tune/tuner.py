@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from aioloader.base.cgmemory import available_memory
 from aioloader.config import LoaderConfig, usable_cpus
 from aioloader.decode.contract import DecodeStageLike
 from aioloader.observe.stages import StageMeter, StageStats
@@ -27,7 +28,6 @@ from aioloader.tune.rules import (
     IoTuner,
     IoWindow,
     WorkerTuner,
-    available_memory,
     memory_cap,
     process_cpu_seconds,
 )
@@ -48,7 +48,7 @@ LONGEST_WINDOW = 5.0
 
 def memory_budget() -> int:
     """Bytes the samples in flight may hold under ``"auto"``: an eighth of the memory
-    available now, at most 8 GiB (1 GiB where it cannot be read)."""
+    available now (cgroup limits included), at most 8 GiB (1 GiB where it cannot be read)."""
     available = available_memory()
     return 1 << 30 if available is None else max(64 << 20, min(8 << 30, available // 8))
 
