@@ -150,9 +150,9 @@ class Loader:
             else fsspec), ``"fsspec"``, or ``"obstore"`` (needs a loader process: refused
             with ``loader_process=False``, and replaced by fsspec, with a WARNING, where none
             can be made). See :mod:`aioloader.read.backends`.
-        progress: a progress bar per epoch on stderr (tqdm): batches, samples/s, MB/s and
-            the share of time the trainer waited. ``True`` draws it only when stderr is a
-            terminal; ``"always"`` draws it anyway (a log file).
+        progress: a progress bar per epoch on stderr (tqdm): batches, samples/s, MB/s, the
+            share of time the trainer waited (and a cache's hit share and bytes). ``True``
+            draws it only when stderr is a terminal; ``"always"`` draws it anyway (a log).
         decode_on: ``"local"`` (default), or ``"ray"``: ``decode`` runs as Ray tasks on the
             cluster this process connected to with ``ray.init(...)`` (else the loader tries
             ``address="auto"``, then raises :class:`LoaderError`); ``num_workers``: tasks at
