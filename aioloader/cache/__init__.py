@@ -9,7 +9,7 @@ downscale runs in the decode workers (``decode/shrink.py``).
 | ``entries.py`` | pure: an entry's key (source, identity, settings) and its file's header |
 | ``memstore.py`` | a memory cache: append-only regions of anonymous memory, in one process |
 | ``diskstore.py`` | a disk cache: one file per entry, written aside then renamed; checked when read |
-| ``identity.py`` | which version of its source a sample is: a stat per file per epoch, a HEAD per object per run |
+| ``identity.py`` | a sample's source version: a stat per file per epoch, a HEAD per object per run |
 | ``samples.py`` | ``SampleCache``: on the loader's loop, which samples are hits, which to fill |
 """
 
