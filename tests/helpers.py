@@ -776,3 +776,18 @@ def make_config(**kw: object) -> Any:
     }
     args.update(kw)
     return LoaderConfig.create(**args)  # type: ignore[arg-type]
+
+
+def lay_out_proc(tmp_path: Path, mountinfo: str, proc_cgroup: str, files: dict[str, str]) -> Path:
+    """A ``/proc/<pid>`` laid out at ``tmp_path/proc`` with ``cgroup`` and ``mountinfo``, and
+    ``files`` (paths as the mount points in ``mountinfo`` put them, under ``tmp_path``), for
+    the cgroup readers (``aioloader.base.cpus``, ``aioloader.base.cgmemory``); returns it."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "mountinfo").write_text(mountinfo)
+    (proc / "cgroup").write_text(proc_cgroup)
+    for name, text in files.items():
+        path = tmp_path / name.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return proc

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import decode_number, is_gone
+from helpers import decode_number, is_gone, lay_out_proc
 from PIL import Image, ImageOps
 
 from aioloader import Cache, Loader
@@ -498,26 +498,12 @@ V1_MOUNTS = (
 V1_CGROUP = "11:memory:/batch/job_7\n5:cpu,cpuacct:/batch/job_7\n1:name=systemd:/batch/job_7\n0::/\n"
 
 
-def lay_out(tmp_path: Path, mountinfo: str, proc_cgroup: str, files: dict[str, str]) -> Path:
-    """``tmp_path/proc`` with ``cgroup`` and ``mountinfo``, and ``files`` (paths as the
-    mount points put them, under ``tmp_path``); returns the proc folder."""
-    proc = tmp_path / "proc"
-    proc.mkdir()
-    (proc / "mountinfo").write_text(mountinfo)
-    (proc / "cgroup").write_text(proc_cgroup)
-    for name, text in files.items():
-        path = tmp_path / name.lstrip("/")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return proc
-
-
 def test_cgroup_v2_the_smallest_room_up_the_chain_binds(tmp_path: Path) -> None:
     """v2 ``memory.max`` minus ``memory.current`` at the process's cgroup and each ancestor:
     the smallest binds; "max" is no limit; a sibling's or a child's limit is not ours."""
     parent = V2_SCOPE.rsplit("/", 1)[0]
     slice_ = "/sys/fs/cgroup/user.slice/user-1000.slice"
-    proc = lay_out(
+    proc = lay_out_proc(
         tmp_path,
         V2_MOUNTS,
         V2_CGROUP,
@@ -539,7 +525,7 @@ def test_cgroup_v2_the_smallest_room_up_the_chain_binds(tmp_path: Path) -> None:
 
 def test_cgroup_v2_no_limit_and_usage_over_the_limit(tmp_path: Path) -> None:
     """ "max" everywhere: None; usage past the limit (the kernel reclaiming): no room, 0."""
-    proc = lay_out(
+    proc = lay_out_proc(
         tmp_path,
         V2_MOUNTS,
         V2_CGROUP,
@@ -555,7 +541,7 @@ def test_cgroup_v1_reads_the_memory_hierarchy(tmp_path: Path) -> None:
     controller's own hierarchy (not the ``cpu`` one's); v1's "no limit" (a huge number) is
     none, and an ancestor's smaller room binds."""
     memory = "/sys/fs/cgroup/memory"
-    proc = lay_out(
+    proc = lay_out_proc(
         tmp_path,
         V1_MOUNTS,
         V1_CGROUP,
@@ -578,7 +564,7 @@ def test_cgroup_v1_reads_the_memory_hierarchy(tmp_path: Path) -> None:
 
 def test_cgroup_room_is_none_where_nothing_says(tmp_path: Path) -> None:
     """No limit files, or no ``/proc`` files at all: None (nothing limits)."""
-    assert cgroup_room(lay_out(tmp_path, V1_MOUNTS, V1_CGROUP, {}), tmp_path) is None
+    assert cgroup_room(lay_out_proc(tmp_path, V1_MOUNTS, V1_CGROUP, {}), tmp_path) is None
     assert cgroup_room(tmp_path / "nowhere", tmp_path) is None
 
 

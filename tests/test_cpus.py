@@ -33,7 +33,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from helpers import finish_script, script_env
+from helpers import finish_script, lay_out_proc, script_env
 
 from aioloader import config
 from aioloader.base import cpus
@@ -593,27 +593,13 @@ def test_quota_dirs_are_the_own_cgroup_and_its_ancestors(
 # -- the quota files, in a tree laid out in a temporary folder --------------------------------
 
 
-def _lay_out(tmp_path: Path, mountinfo: str, proc_cgroup: str, files: dict[str, str]) -> Path:
-    """``tmp_path/proc`` with ``cgroup`` and ``mountinfo``, and ``files`` (paths as the
-    mount points in ``mountinfo`` put them, under ``tmp_path``); returns the proc folder."""
-    proc = tmp_path / "proc"
-    proc.mkdir()
-    (proc / "mountinfo").write_text(mountinfo)
-    (proc / "cgroup").write_text(proc_cgroup)
-    for name, text in files.items():
-        path = tmp_path / name.lstrip("/")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return proc
-
-
 def test_v2_the_smallest_cpu_max_up_the_chain_binds(tmp_path: Path) -> None:
     """cgroup v2 ``cpu.max`` at several levels: the smallest of the process's own and its
     ancestors' binds, "max" is none, and a sibling's or a child's smaller quota is not
     this process's."""
     mountinfo, proc_cgroup, _ = PURE_V2
     scope = "/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/run-r6b1c.scope"
-    proc = _lay_out(
+    proc = lay_out_proc(
         tmp_path,
         mountinfo,
         proc_cgroup,
@@ -631,7 +617,7 @@ def test_v2_the_smallest_cpu_max_up_the_chain_binds(tmp_path: Path) -> None:
 
 def test_v2_namespaced_reads_the_root_it_sees(tmp_path: Path) -> None:
     mountinfo, proc_cgroup, _ = NAMESPACED_V2
-    proc = _lay_out(tmp_path, mountinfo, proc_cgroup, {"/sys/fs/cgroup/cpu.max": "150000 100000\n"})
+    proc = lay_out_proc(tmp_path, mountinfo, proc_cgroup, {"/sys/fs/cgroup/cpu.max": "150000 100000\n"})
     assert cpus.cpu_quota(proc, tmp_path) == Fraction(3, 2)
 
 
@@ -644,7 +630,7 @@ def test_v1_an_ancestors_quota_binds_and_minus_one_is_none(tmp_path: Path) -> No
         f"{cpu}/cpu.cfs_quota_us": "25000\n",  # a quarter CPU, per 50 ms
         f"{cpu}/cpu.cfs_period_us": "50000\n",
     }
-    proc = _lay_out(tmp_path, mountinfo, proc_cgroup, files)
+    proc = lay_out_proc(tmp_path, mountinfo, proc_cgroup, files)
     assert cpus.cpu_quota(proc, tmp_path) == Fraction(1, 2)
 
 
@@ -653,7 +639,7 @@ def test_no_quota_where_nothing_is_set_or_found(tmp_path: Path) -> None:
     error, and usable_cpus() is loky's count alone."""
     assert cpus.cpu_quota(tmp_path / "no-proc", tmp_path) is None
     mountinfo, proc_cgroup, _ = PURE_V2
-    assert cpus.cpu_quota(_lay_out(tmp_path, mountinfo, proc_cgroup, {}), tmp_path) is None
+    assert cpus.cpu_quota(lay_out_proc(tmp_path, mountinfo, proc_cgroup, {}), tmp_path) is None
     mountinfo, proc_cgroup, _ = OUTSIDE_WITH_OWN_MOUNT
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -661,7 +647,7 @@ def test_no_quota_where_nothing_is_set_or_found(tmp_path: Path) -> None:
         "/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "50000\n",
         "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
     }
-    assert cpus.cpu_quota(_lay_out(outside, mountinfo, proc_cgroup, files), outside) is None
+    assert cpus.cpu_quota(lay_out_proc(outside, mountinfo, proc_cgroup, files), outside) is None
 
 
 @pytest.mark.parametrize(
