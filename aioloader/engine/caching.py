@@ -12,6 +12,8 @@ image, or the file where it needs none).
 
 from __future__ import annotations
 
+from typing import cast
+
 from aioloader.cache.samples import UNKEPT, Fill, SampleCache
 from aioloader.decode.contract import ChunkItem, Outcome
 from aioloader.engine.batch import Fills
@@ -86,20 +88,20 @@ def keep_decoded(
     """The chunk's outcomes as the engine takes them (:class:`Shrunk` taken apart); on the
     way, each decoded miss the cache wants is kept: what its worker made (``max_side``) or
     its bytes as read."""
-    shrinking = cache is not None and cache.settings.max_side is not None
+    if cache is None:  # no cache, no Shrunk: nothing to take apart, nothing to keep
+        return cast(list[RowResult | SampleError], outcomes)
+    shrinking = cache.settings.max_side is not None
     taken: list[RowResult | SampleError] = []
     for (row, _, src), outcome in zip(items, outcomes, strict=True):
-        fill = fills.pop(row, None) if cache is not None else None
+        fill = fills.pop(row, None)
         if fill is not None and fill[0] == UNKEPT:
             fill = None
         if isinstance(outcome, Shrunk):
             if fill is not None:
-                assert cache is not None
                 kept = outcome.kept
                 cache.keep(fill[0], kept if kept is not None else bytes(_bytes(src, arena)), fill[1])
             outcome = outcome.result
         elif fill is not None and not shrinking and not isinstance(outcome, SampleError):
-            assert cache is not None
             cache.keep(fill[0], _bytes(src, arena), fill[1])
         taken.append(outcome)
     return taken
