@@ -1,0 +1,179 @@
+"""The documentation is true to the code: every Python example of README.md and the site runs
+(``docsnippets.py`` says how each is told apart), the site builds with ``mkdocs build
+--strict``, every public name has an API entry, and the README keeps its promises (short,
+the two commands, the extras)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from docsnippets import ROOT, Snippet, all_snippets, lay_out_folder, snippets
+
+import aioloader
+
+SNIPPETS = all_snippets() if (ROOT / "docs").is_dir() else []
+pytestmark = pytest.mark.skipif(not (ROOT / "docs").is_dir(), reason="not a checkout: no docs/")
+
+
+def _param(s: Snippet) -> object:
+    marks = [pytest.mark.timeout(300)]
+    if s.kind == "cuda":
+        marks.append(pytest.mark.cuda)
+    return pytest.param(s, id=s.id, marks=marks)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("docs-data")
+    lay_out_folder(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def bucket(folders: Path) -> Iterator[dict[str, str]]:
+    """moto's S3 server holding ``train/`` under ``s3://my-bucket/train/``; yields the
+    environment that points AWS clients at it."""
+    pytest.importorskip("moto")
+    from servers import s3_client, start_moto
+
+    server = start_moto()
+    try:
+        client = s3_client({"endpoint_url": server.url, "key": "testing", "secret": "testing"})
+        client.create_bucket(Bucket="my-bucket")
+        for f in sorted((folders / "train").rglob("*.jpg")):
+            client.upload_file(str(f), "my-bucket", f.relative_to(folders).as_posix())
+        yield {
+            "AWS_ENDPOINT_URL": server.url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    finally:
+        server.stop()
+
+
+def _command(s: Snippet, script: Path) -> list[str]:
+    if s.lang == "bash":
+        return ["bash", "-e", str(script)]
+    if s.kind == "torchrun":
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+        ]
+    return [sys.executable, str(script)]
+
+
+@pytest.mark.parametrize("snippet", [_param(s) for s in SNIPPETS])
+def test_the_example_runs(
+    snippet: Snippet, folders: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Run as a user would: a script in a folder holding ``train/`` and ``val/``."""
+    work = tmp_path / "work"
+    shutil.copytree(folders, work)
+    script = work / ("snippet.sh" if snippet.lang == "bash" else "snippet.py")
+    script.write_text(snippet.code)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    if snippet.kind == "s3":
+        env.update(request.getfixturevalue("bucket"))
+    done = subprocess.run(
+        _command(snippet, script), cwd=work, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, (
+        f"{snippet.id} exited {done.returncode}\n--- code\n{snippet.code}\n"
+        f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-6000:]}"
+    )
+
+
+def test_every_page_has_its_examples_found() -> None:
+    """The parser sees the examples the pages hold (a page whose fences it missed would pass
+    by running nothing): each python fence of each page is one snippet."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        fences = len(re.findall(r"^\s*```python\s*$", page.read_text(), flags=re.M))
+        assert len([s for s in snippets(page) if s.lang == "python"]) == fences, page
+    assert len(SNIPPETS) >= 20
+
+
+def test_markers_are_read_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import docsnippets
+
+    monkeypatch.setattr(docsnippets, "ROOT", tmp_path)
+    page = tmp_path / "p.md"
+    page.write_text(
+        "text\n\n```python\na = 1\n```\n\n<!-- run: continue -->\n```python\nprint(a)\n```\n\n"
+        '=== "tab"\n\n    <!-- run: cuda -->\n    ```python\n    import torch\n    ```\n\n'
+        "```bash\npip install x\n```\n\n<!-- run: sh -->\n```bash\naioloader doctor\n```\n"
+    )
+    got = [(s.line, s.kind, s.lang, s.code) for s in snippets(page)]
+    assert got == [
+        (3, "plain", "python", "a = 1\n"),
+        (8, "plain", "python", "a = 1\nprint(a)\n"),
+        (15, "cuda", "python", "import torch\n"),
+        (23, "sh", "bash", "aioloader doctor\n"),
+    ]
+    page.write_text("<!-- run: gpu -->\n```python\npass\n```\n")
+    with pytest.raises(ValueError, match=r"p.md:2: unknown marker <!-- run: gpu -->"):
+        snippets(page)
+    page.write_text("<!-- run: continue -->\n```python\npass\n```\n")
+    with pytest.raises(ValueError, match="nothing before it to continue"):
+        snippets(page)
+
+
+@pytest.mark.timeout(300)
+def test_the_site_builds_strict(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: no broken link or anchor, no missing API reference."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert (tmp_path / "site" / "api" / "loader" / "index.html").is_file()
+
+
+def test_every_public_name_has_an_api_entry() -> None:
+    documented: set[str] = set()
+    for page in (ROOT / "docs" / "api").glob("*.md"):
+        documented |= set(re.findall(r"^::: aioloader\.(\w+)\s*$", page.read_text(), flags=re.M))
+    public = set(aioloader.__all__) - {"__version__"}
+    assert public - documented == set(), "no API entry"
+    assert documented - public == set(), "an API entry for a name that is not public"
+    assert "__version__" in (ROOT / "docs" / "api" / "loader.md").read_text()
+
+
+def test_the_readme_is_short_and_keeps_its_promises() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    for needed in (
+        "aioloader demo",
+        "python -m pytest",
+        "max(T_load, T_train)",
+        "[remote]",
+        "[ray]",
+        "[gpu]",
+    ):
+        assert needed in text, needed
+    for section in re.findall(r"RESULTS\.md[^)]*?§\s?(\d+)", text):
+        assert f"## {section}. " in (ROOT / "benchmarks" / "RESULTS.md").read_text(), f"§{section}"
+
+
+def test_cuda_examples_are_told_apart() -> None:
+    """A block that puts tensors on a GPU is marked ``cuda`` (else CPU CI would fail it, or
+    a GPU machine would skip nothing)."""
+    for s in SNIPPETS:
+        if re.search(r"""device\s*=\s*["']cuda""", s.code):
+            assert s.kind == "cuda", s.id
