@@ -70,7 +70,8 @@ class Loader:
             ``ValueError`` here.
         collate: ``list of samples -> batch``; default :func:`default_collate`. Runs on the
             loader's collate thread, in the loader process by default (``loader_process``).
-        shuffle, seed: the order of each epoch depends only on ``(seed, epoch)``.
+        shuffle: a new order each epoch, which depends only on ``(seed, epoch)``.
+        seed: the seed of the order and of :func:`sample_rng` (default 0).
         drop_last: leave out the last batch if it is partial. With ``on_error="skip"`` (and
             the default collate, ``ordered=True``), batches that lost samples are topped up
             with the next samples of the epoch, so every batch is full.
@@ -117,10 +118,10 @@ class Loader:
         max_worker_restarts: decode-pool rebuilds after worker crashes (signal, ``os._exit``)
             over the loader's life; the crash past it raises :class:`WorkerCrashedError`.
 
-        rank, world_size: this process's shard of every epoch (default: torch.distributed's
-            rank and world size when a process group is initialised, else 0 and 1). Each
-            rank sees a disjoint part of the epoch's order; all ranks get the same number of
-            batches.
+        rank: this process's shard of every epoch (default: torch.distributed's rank when a
+            process group is initialised, else 0). Each rank sees a disjoint part of the
+            epoch's order; all ranks get the same number of batches.
+        world_size: the number of shards (default: torch.distributed's, else 1).
         pad_shards: make shards equal by repeating a few samples (default, like
             ``DistributedSampler``), or by dropping the tail that does not fill a round.
         loader_process: where the event loop, the reads, the decode pool and ``collate``
