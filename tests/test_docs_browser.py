@@ -35,12 +35,14 @@ PAGES = {
 }
 
 #: Once the page settled: how many elements match its selector, how many Mermaid blocks it
-#: has and how many of them hold a drawn SVG.
+#: has, and how many of them were drawn. Material draws each into a closed shadow root that
+#: replaces the ``pre.mermaid`` holding the source: a drawn one is a ``div.mermaid`` with a
+#: height (one left unparsed stays a ``pre``; one that failed to parse logs an error).
 PROBE = """(() => ({
   matches: document.querySelectorAll(%r).length,
-  mermaid: document.querySelectorAll('.mermaid').length,
-  drawn: [...document.querySelectorAll('.mermaid')].filter(
-    m => m.querySelector('svg') || (m.shadowRoot && m.shadowRoot.querySelector('svg'))).length,
+  mermaid: document.querySelectorAll('pre.mermaid, div.mermaid').length,
+  drawn: [...document.querySelectorAll('div.mermaid')].filter(
+    m => m.getBoundingClientRect().height > 50).length,
   title: document.title,
 }))()"""
 
