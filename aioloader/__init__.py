@@ -10,7 +10,7 @@ torch they start in a fraction of the time and memory.
 
 The subpackages are the data flow's wings (``read/``, ``decode/``, ``engine/``, ``run/``, ...),
 each importing only those below it; each wing's ``__init__`` maps its modules, and the
-README's "Layout" draws the whole house.
+documentation's ``docs/how-it-works/layout.md`` draws the whole house.
 """
 
 from __future__ import annotations

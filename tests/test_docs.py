@@ -167,8 +167,13 @@ def test_the_readme_is_short_and_keeps_its_promises() -> None:
         "[gpu]",
     ):
         assert needed in text, needed
-    for section in re.findall(r"RESULTS\.md[^)]*?§\s?(\d+)", text):
-        assert f"## {section}. " in (ROOT / "benchmarks" / "RESULTS.md").read_text(), f"§{section}"
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
+        assert target.startswith("http") or (ROOT / target).exists(), f"README links to {target}"
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    cited = re.findall(r"§(\d+)", text)
+    assert len(cited) >= 5
+    for section in cited:
+        assert f"\n## {section}. " in results, f"§{section} is no section of benchmarks/RESULTS.md"
 
 
 def test_cuda_examples_are_told_apart() -> None:

@@ -1,4 +1,4 @@
-"""The house (README "Layout"): what the folders, the wings' maps and the import contracts
+"""The house (``docs/how-it-works/layout.md``): what the folders, the wings' maps and the import contracts
 promise, and that the move into wings left old pickles loading.
 
 The contracts themselves are checked by ``lint-imports`` in CI; here they are shown to
@@ -82,11 +82,13 @@ def test_each_wing_maps_exactly_its_modules(wing: str) -> None:
     assert mapped == present, f"aioloader/{wing}/__init__.py maps {sorted(mapped)}, has {sorted(present)}"
 
 
-def test_readme_layout_names_every_module_under_its_wing() -> None:
-    readme = ROOT / "README.md"
-    if not readme.is_file():
-        pytest.skip("not a checkout: no README.md beside the package")
-    layout = readme.read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_layout_names_every_module_under_its_wing() -> None:
+    """``docs/how-it-works/layout.md`` (the site's "The source tree"): the map names every
+    wing, and each wing's table, up to the page's "Examples and benchmarks", every module."""
+    page = ROOT / "docs" / "how-it-works" / "layout.md"
+    if not page.is_file():
+        pytest.skip("not a checkout: no docs/ beside the package")
+    layout = page.read_text().split("\n## Examples and benchmarks\n", 1)[0]
     sections = re.split(r"^\*\*", layout, flags=re.M)
     for wing in WINGS:
         (section,) = [s for s in sections if s.startswith(f"`{wing}/`**")]
