@@ -120,7 +120,7 @@ def test_markers_are_read_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyP
         (3, "plain", "python", "a = 1\n"),
         (8, "plain", "python", "a = 1\nprint(a)\n"),
         (15, "cuda", "python", "import torch\n"),
-        (23, "sh", "bash", "aioloader doctor\n"),
+        (24, "sh", "bash", "aioloader doctor\n"),
     ]
     page.write_text("<!-- run: gpu -->\n```python\npass\n```\n")
     with pytest.raises(ValueError, match=r"p.md:2: unknown marker <!-- run: gpu -->"):
