@@ -288,8 +288,9 @@ def test_a_loader_made_inside_a_worker_is_a_clear_error(numbered: list[str], loa
 
 
 def test_a_loader_made_inside_the_loader_process_is_a_clear_error(numbered: list[str]) -> None:
-    """README "Any callable": no Loader from code that runs in the loader process either
-    (a ``collate``, with ``loader_process=True``, runs there)."""
+    """docs/how-it-works/memory.md ("No loader inside a helper"): no Loader from code that
+    runs in the loader process either (a ``collate``, with ``loader_process=True``, runs
+    there)."""
 
     def collate(samples: list[object]) -> object:
         Loader([os.devnull], decode=None).start()

@@ -212,8 +212,8 @@ def test_usable_cpus_lie_within_the_affinity() -> None:
 
 
 def test_loky_max_cpu_count_lowers_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    """README "CPUs in a container": ``LOKY_MAX_CPU_COUNT``, when set, lowers the count, and
-    the default ``num_workers`` with it."""
+    """docs/guides/environments.md ("Containers and CPU quotas"): ``LOKY_MAX_CPU_COUNT``,
+    when set, lowers the count, and the default ``num_workers`` with it."""
     usable = usable_cpus()
     if usable < 2:
         pytest.skip("one usable CPU: there is nothing to lower")

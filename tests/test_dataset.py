@@ -474,10 +474,10 @@ def test_a_loader_reads_datasets_from_csv_whole_files_and_byte_ranges(
 
 
 def test_a_large_index_costs_about_40_bytes_a_file(tmp_path: Path) -> None:
-    """README "Large datasets": a 200,000-row CSV of ImageNet-like paths (1,000 class
-    folders, 21-character file names) with string labels is held in about 40 bytes a file,
-    labels included (a ``list[str]`` of the same paths alone takes over 100), and is read
-    streaming: at no point does it cost what a list of the paths would."""
+    """docs/benchmarks.md ("Memory": a 30 M-file index): a 200,000-row CSV of ImageNet-like
+    paths (1,000 class folders, 21-character file names) with string labels is held in about
+    40 bytes a file, labels included (a ``list[str]`` of the same paths alone takes over
+    100), and is read streaming: at no point does it cost what a list of the paths would."""
     n = 200_000
     index = tmp_path / "index.csv"
     with open(index, "w", newline="") as f:

@@ -1,7 +1,8 @@
-"""The README's example commands, run as written: ``examples/train_from_s3.py`` against a
-local moto server (the ``moto_s3`` session fixture) with ``--upload-demo``, and
-``examples/ddp_train.py`` under ``torchrun --nproc-per-node 2``, stopped mid-epoch by
-``--stop-after`` and run again to resume. One epoch each, to stay small."""
+"""The docs' example commands, run as written: ``examples/train_from_s3.py`` against a
+local moto server (the ``moto_s3`` session fixture) with ``--upload-demo``
+(docs/guides/object-storage.md), and ``examples/ddp_train.py`` under ``torchrun
+--nproc-per-node 2``, stopped mid-epoch by ``--stop-after`` and run again to resume
+(docs/guides/resume-distributed.md). One epoch each, to stay small."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def run(args: list[str], cwd: Path) -> str:
 
 @pytest.mark.slow
 def test_train_from_s3_against_a_local_moto_server(moto_s3: dict[str, object], tmp_path: Path) -> None:
-    """README "Object storage and HTTP": the command shown, against this session's moto."""
+    """docs/guides/object-storage.md ("Train from a bucket"): the command shown, against
+    this session's moto."""
     out = run(
         [
             str(EXAMPLES / "train_from_s3.py"),
@@ -53,10 +55,11 @@ def test_train_from_s3_against_a_local_moto_server(moto_s3: dict[str, object], t
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ddp_train_stops_and_resumes_under_torchrun(tmp_path: Path) -> None:
-    """README "Resume and ranks": ``torchrun --nproc-per-node 2 examples/ddp_train.py --ckpt
-    DIR``, preempted after 3 steps (checkpoints every 2), then the same command again: it
-    resumes at the checkpoint's batch and trains the rest of the epoch, 2 + 6 of the 8
-    batches each rank gets of 240 images."""
+    """docs/guides/resume-distributed.md ("The complete example: examples/ddp_train.py"):
+    ``torchrun --nproc-per-node 2 examples/ddp_train.py --ckpt DIR``, preempted after 3
+    steps (checkpoints every 2), then the same command again: it resumes at the checkpoint's
+    batch and trains the rest of the epoch, 2 + 6 of the 8 batches each rank gets of 240
+    images."""
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     example = [os.fspath(EXAMPLES / "ddp_train.py"), "--ckpt", os.fspath(tmp_path / "ckpt"), "--epochs", "1"]
     stopped = run([*torchrun, *example, "--stop-after", "3"], tmp_path)

@@ -249,7 +249,7 @@ def test_documented_import_paths() -> None:
 
 
 def test_every_test_tests_readme_names_exists() -> None:
-    """``tests/README.md`` says which test holds each README promise: each name it gives
+    """``tests/README.md`` says which test holds each documented promise: each name it gives
     (``test_x.py::test_y``) is a test of that file."""
     here = Path(__file__).parent
     named = re.findall(r"`(test_\w+\.py)::(\w+)", (here / "README.md").read_text())

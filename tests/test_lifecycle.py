@@ -54,8 +54,9 @@ def test_start_starts_everything_and_close_joins_it(numbered: list[str]) -> None
 
 
 def test_the_pipeline_runs_on_uvloop_when_it_is_installed(numbered: list[str]) -> None:
-    """README "One engine": stages 1-5 on the loader's own ``aioloader-loop`` thread, on
-    uvloop's loop when uvloop is installed."""
+    """docs/how-it-works/index.md ("One engine; for and async for are two doors into it"):
+    stages 1-5 on the loader's own ``aioloader-loop`` thread, on uvloop's loop when uvloop
+    is installed."""
     uvloop = pytest.importorskip("uvloop")
     kw = {"decode": decode_number, "num_workers": 1, "loader_process": False}  # its loop is here
     with Loader(numbered, shuffle=False, batch_size=4, **kw) as loader:

@@ -134,8 +134,9 @@ def test_unordered_delivers_every_sample(frontend: Driver, numbered: list[str]) 
 
 
 def test_unordered_delivers_in_completion_order(frontend: Driver, numbered: list[str]) -> None:
-    """README "Order and determinism": with ``ordered=False`` the batch of a sample that is
-    slow to decode comes last, not first; in sampler order (the default) it comes first."""
+    """docs/how-it-works/index.md ("Order"): with ``ordered=False`` the batch of a sample
+    that is slow to decode comes last, not first; in sampler order (the default) it comes
+    first."""
     slow = Fault("hang", {0}, seconds=2.0)
     for ordered, position in ((False, -1), (True, 0)):
         with frontend.opened(
@@ -345,12 +346,13 @@ def test_max_failures_gives_up(frontend: Driver, numbered: list[str]) -> None:
 def test_reads_run_ahead_of_the_trainer_by_a_bound_not_by_the_dataset(
     frontend: Driver, numbered: list[str], tmp_path: Path
 ) -> None:
-    """README "Bounded memory": a trainer that takes its time lets the loader run as far
-    ahead as it may, and that is a few batches, not the dataset: of 370 files, never more
-    than 10 batches' worth are read ahead of the batch the trainer holds (seen: 7 in the
-    trainer's process, 3 under construction at io_concurrency=8, 2 ready, one in the bridge,
-    one handed over; 9 with a loader process, whose batches also wait in the pipe). Reads
-    are counted from outside, by the read hook (tests/helpers.py: LoggedRead)."""
+    """docs/how-it-works/index.md ("Bounded memory"): a trainer that takes its time lets the
+    loader run as far ahead as it may, and that is a few batches, not the dataset: of 370
+    files, never more than 10 batches' worth are read ahead of the batch the trainer holds
+    (seen: 7 in the trainer's process, 3 under construction at io_concurrency=8, 2 ready,
+    one in the bridge, one handed over; 9 with a loader process, whose batches also wait in
+    the pipe). Reads are counted from outside, by the read hook (tests/helpers.py:
+    LoggedRead)."""
     log = tmp_path / "reads"
     ahead: list[int] = []
 

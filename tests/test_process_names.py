@@ -80,8 +80,8 @@ def test_workers_and_the_loader_process_are_named(
 @pytest.mark.skipif(shutil.which("pgrep") is None, reason="no pgrep on this machine")
 @pytest.mark.parametrize("loader_process", [False, True], ids=["thread", "process"])
 def test_pgrep_aioloader_finds_them_all(numbered: list[str], loader_process: bool) -> None:
-    """README "Processes say what they are": ``pgrep aioloader`` finds them all, the zygote,
-    the workers and the loader process."""
+    """docs/guides/environments.md ("Processes say what they are"): ``pgrep aioloader``
+    finds them all, the zygote, the workers and the loader process."""
     expected = [WORKER] * 2 + ([LOADER] if loader_process else [])
     kw = {"decode": decode_number, "num_workers": 2, "loader_process": loader_process}
     with Loader(numbered, batch_size=5, **kw) as loader:

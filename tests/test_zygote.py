@@ -137,10 +137,10 @@ if __name__ == "__main__":
 def test_without_a_zygote_the_fork_server_preloads_what_the_script_imported(
     numbered: list[str], tmp_path: Path
 ) -> None:
-    """README "Fast first batch": where no zygote can be made, workers come from the stock
-    fork server, which has imported the script's imports before forking them: the module
-    the decode function uses is imported by the script and by the fork server, never by a
-    worker (its top level logs who imports it)."""
+    """docs/guides/environments.md ("Where the loader runs"): where no zygote can be made,
+    workers come from the stock fork server, which has imported the script's imports before
+    forking them: the module the decode function uses is imported by the script and by the
+    fork server, never by a worker (its top level logs who imports it)."""
     log = tmp_path / "imported-by"
     (tmp_path / "imported_by_the_script.py").write_text(
         f"import os\nwith open({str(log)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\nBASE = 1000\n"
@@ -280,14 +280,14 @@ def stopped(pid: int) -> bool:
 
 @pytest.mark.timeout(60)
 def test_decode_slots_go_to_the_earliest_batch_first(numbered: list[str], tmp_path: Path) -> None:
-    """README "Fast first batch": decode slots go to the earliest batch of the epoch first,
-    in the trainer's process (``loader_process=False``: a loader process is itself forked by
-    the zygote). With the zygote stopped the pool cannot start, so its slots stay closed while all 37
-    reads finish, samples 0-2 last (their reads are slowed); every sample after the third
-    hangs for longer than the test may run. Once the zygote runs again the slots open, to
-    samples 0, 1 and 2 first: the first three batches arrive. Handed out in the order the
-    reads finished, they would put hanging samples on both workers and the test would time
-    out."""
+    """docs/how-it-works/index.md ("Order": no head-of-line blocking): decode slots go to
+    the earliest batch of the epoch first, in the trainer's process
+    (``loader_process=False``: a loader process is itself forked by the zygote). With the
+    zygote stopped the pool cannot start, so its slots stay closed while all 37 reads
+    finish, samples 0-2 last (their reads are slowed); every sample after the third hangs
+    for longer than the test may run. Once the zygote runs again the slots open, to samples
+    0, 1 and 2 first: the first three batches arrive. Handed out in the order the reads
+    finished, they would put hanging samples on both workers and the test would time out."""
     zpid = zygote.pid()
     assert zpid is not None  # conftest starts it before the first test
     log = tmp_path / "reads"
