@@ -160,6 +160,7 @@ def test_bench_names_a_file_that_does_not_decode(
     assert main(["bench", folder, "--decode", "image:32", "--seconds", "1", "--workers", "1"]) == 1
     err = capsys.readouterr().err
     assert "aioloader bench: loading failed: " in err and "f000" in err
+    assert "cannot identify image file (" in err and " object at 0x" not in err
 
 
 def test_bench_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
