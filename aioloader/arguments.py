@@ -210,8 +210,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def check_device(device: object, pin_memory: object) -> tuple[torch.device, bool]:
-    """``(device, pin_memory)``: pinned staging only means something for a CUDA copy;
-    elsewhere it is ignored (False)."""
+    """``(device, pin_memory)``: copying from page-locked memory only means something for a
+    CUDA copy; elsewhere it is ignored (False)."""
     if not (device is None or isinstance(device, (str, torch.device))):
         raise TypeError(f"device={device!r} must be None, a string or a torch.device")
     dev = resolve_device(device)

@@ -81,26 +81,29 @@ class Loader:
             a 64-core node starts 4, and so does a job in a nested cgroup of 4). ``"auto"``
             starts that many, and lets as many decode at once as leaves the CPUs the
             trainer's process measurably uses (its CPU time, measured every 2 s).
-        io_concurrency: file reads in flight at most, or ``"auto"`` (default): from 64,
-            the loader moves it while running, by Little's law, to the reads the decoders
-            need (read latency times the rate they can decode, twice over), between 16 and
-            1,024, within the open-file limit and an eighth of the available memory.
-            ``stats.io_concurrency`` says where it is. Neither setting changes batches,
-            their order or a resume point.
+        io_concurrency: file reads in flight at most, or ``"auto"`` (default): the loader moves it while
+            running, by Little's law, to the reads the decoders need (read latency times the rate they can
+            decode, twice over). It starts at 64, or at its floor where that is higher: the reads of two
+            decode chunks per worker, at least 16 (128 with ``batch_size=256`` and 2 workers). Its ceiling,
+            1,024, is lowered to what the open-file limit allows and to what fits in an eighth of the
+            available memory (at most 8 GiB; never below the floor). ``stats.io_concurrency`` says where it
+            is. Neither setting changes batches, their order or a resume point.
         prefetch: finished batches buffered ahead of the trainer.
-        ordered: batches in sampler order (default) or samples in completion order.
+        ordered: batches in sampler order (default), or with False each as soon as it is built: the same
+            batches (each holds the samples the sampler gave it), in completion order.
         device: ``"cuda"``/``"cuda:N"`` delivers batches on that GPU; None or ``"cpu"``.
-        pin_memory: stage copies through pinned memory (default: True with CUDA; ignored
-            without CUDA).
+        pin_memory: copy to the GPU from page-locked memory, asynchronously (default: True with CUDA;
+            ignored without it): straight from the loader process's slabs, page-locked in place
+            (``cudaHostRegister``, once per slab), else through pinned staging buffers (a loader in the
+            trainer's process, registration refused). False copies from pageable memory.
         on_error: ``"raise"`` the first :class:`SampleError`, or ``"skip"`` failed samples
             (counted in ``stats``, one ``aioloader`` WARNING per file).
-        max_failures: with ``"skip"``, give up with a :class:`LoaderError` (not a
-            :class:`SampleError`): an int ``n`` at the failure after ``n``; a float ``f``
-            when failures / samples attempted exceeds ``f``, over the loader's life (counts
-            restored by ``load_state_dict`` included) and once at least 100 samples were
-            attempted: judged at each failure after that, when the count of samples
-            attempted reaches 100, and at the end of each epoch, where the error comes after
-            all the epoch's batches (so failures that all came early are judged too).
+        max_failures: with ``"skip"``, give up with a :class:`LoaderError` (not a :class:`SampleError`): an
+            int ``n`` at the failure after ``n``; a float ``f`` when failures / samples attempted exceeds
+            ``f``, over the loader's life (counts restored by ``load_state_dict`` included) and once at
+            least 100 samples were attempted: judged at each failure after that, when the count of samples
+            attempted reaches 100, and at the end of each epoch, where the error comes after all the epoch's
+            batches (so failures that all came early are judged too).
         read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
             file (another store, or injected delays and faults); must be thread-safe. In the
             loader process by default (``loader_process``).
@@ -117,30 +120,27 @@ class Loader:
             :class:`LoaderTimeoutError` (a hung decode's worker is killed and replaced).
         max_worker_restarts: decode-pool rebuilds after worker crashes (signal, ``os._exit``)
             over the loader's life; the crash past it raises :class:`WorkerCrashedError`.
-
         rank: this process's shard of every epoch (default: torch.distributed's rank when a
             process group is initialised, else 0). Each rank sees a disjoint part of the
             epoch's order; all ranks get the same number of batches.
         world_size: the number of shards (default: torch.distributed's, else 1).
         pad_shards: make shards equal by repeating a few samples (default, like
             ``DistributedSampler``), or by dropping the tail that does not fill a round.
-        loader_process: where the event loop, the reads, the decode pool and ``collate``
-            run. ``"auto"`` (default): in a loader process of their own (forked by the
-            zygote, so it starts in milliseconds) wherever a zygote can be made; the
-            trainer's process keeps only the bridging thread, and batches cross as
-            references to their shared-memory slabs. This takes the loader's per-batch CPU
-            out of the trainer's process (its GIL included). ``read`` and ``collate`` are
-            then sent there by value like ``decode`` (any callable that can be sent), and run
-            in that process: state they change is not the trainer's. Arrays a custom
-            ``collate`` makes anew (not views of its samples) cross the pipe pickled, a copy.
-            Where no zygote can be made (see :mod:`aioloader.procs.zygote`), or ``read`` or
-            ``collate`` cannot be sent, ``"auto"`` loads in-process, silently (a DEBUG
-            line on the ``aioloader`` logger). ``True`` insists: a ``read`` or ``collate``
-            that cannot be sent is a ``ValueError``, and where no zygote can be made the
-            loader runs in-process with a WARNING. ``False`` runs them in the trainer's
-            process, on the ``aioloader-loop`` thread: for a ``read`` or ``collate`` that must
-            share state with the trainer, or to debug them with ``pdb`` or breakpoints.
-            :attr:`runtime` says where a started loader runs.
+        loader_process: where the event loop, the reads, the decode pool and ``collate`` run. ``"auto"``
+            (default): in a loader process of their own (forked by the zygote, so it starts in milliseconds)
+            wherever a zygote can be made; the trainer's process keeps only the bridging thread, and batches
+            cross as references to their shared-memory slabs. This takes the loader's per-batch CPU out of
+            the trainer's process (its GIL included). ``read`` and ``collate`` are then sent there by value
+            like ``decode`` (any callable that can be sent), and run in that process: state they change is
+            not the trainer's. Arrays a custom ``collate`` makes anew (not views of its samples) cross as
+            one copy: from 1 MiB up into shared memory the loader process reuses
+            (:mod:`aioloader.run.wire`), smaller ones pickled. Where no zygote can be made (see
+            :mod:`aioloader.procs.zygote`), or ``read`` or ``collate`` cannot be sent, ``"auto"`` loads
+            in-process, silently (a DEBUG line on the ``aioloader`` logger). ``True`` insists: a ``read`` or
+            ``collate`` that cannot be sent is a ``ValueError``, and where no zygote can be made the loader
+            runs in-process with a WARNING. ``False`` runs them in the trainer's process, on the
+            ``aioloader-loop`` thread: for a ``read`` or ``collate`` that must share state with the trainer,
+            or to debug them with ``pdb`` or breakpoints. :attr:`runtime` says where a started loader runs.
         storage_options: for ``s3://``, ``gs://``, ``az://`` and ``http(s)://`` paths, the
             options of their fsspec filesystem (for S3: ``key``, ``secret``, ``token``,
             ``endpoint_url``, ``client_kwargs``), one dict for every protocol or one per

@@ -160,6 +160,16 @@ def test_bench_names_a_file_that_does_not_decode(
     assert main(["bench", folder, "--decode", "image:32", "--seconds", "1", "--workers", "1"]) == 1
     err = capsys.readouterr().err
     assert "aioloader bench: loading failed: " in err and "f000" in err
+    assert "cannot identify image file (" in err and " object at 0x" not in err
+
+
+def test_bench_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--help`` shows a description written for a terminal, not the module's reST."""
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "the bottleneck with its advice" in " ".join(out.split())
+    assert "``" not in out and ":mod:" not in out and "`" not in out, out
 
 
 def test_bench_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -489,6 +489,18 @@ def test_corrupt_bytes_raise() -> None:
             ImageDecoder(16)(data)
 
 
+def test_a_file_that_is_no_image_is_named_so_without_an_object_repr() -> None:
+    """Pillow names what it could not identify by its repr (``<..._Source object at 0x...>``):
+    the message says what the bytes were instead."""
+    with pytest.raises(UnidentifiedImageError) as info:
+        ImageDecoder(16)(b"version https://git-lfs.github.com/spec/v1")
+    message = str(info.value)
+    assert message == "cannot identify image file (42 bytes, starting b'version https://')", message
+    assert info.value.__suppress_context__ and isinstance(info.value, OSError)
+    with pytest.raises(UnidentifiedImageError, match=r"^cannot identify image file \(0 bytes\)$"):
+        ImageDecoder(16).decode_window(b"", (0.0, 0.0, 1.0, 1.0), False)
+
+
 # -- damaged files, whatever Pillow's LOAD_TRUNCATED_IMAGES says -----------------------------
 # A training script may set PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True; hot start decodes on
 # a thread of that very process, and workers forked after it was set inherit it. These cases

@@ -72,6 +72,9 @@ def test_corrupt_jpeg_header(jpegs: FileDataset) -> None:
             list(loader)
         assert info.value.path == str(bad) and "cannot identify image file" in str(info.value)
         assert "Traceback" in info.value.worker_traceback
+        # Said by the file's size and first bytes, never by the repr of what Pillow read from.
+        assert "starting b'\\x00\\x01garbage" in str(info.value)
+        assert " object at 0x" not in str(info.value) + info.value.worker_traceback
 
 
 def test_truncated_jpeg_never_gives_a_partial_image(jpegs: FileDataset) -> None:

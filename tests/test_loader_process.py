@@ -372,10 +372,10 @@ if __name__ == "__main__":
 
 
 def test_a_killed_loader_process_leaves_no_devshm_slab(tmp_path: Path, numbered: list[str]) -> None:
-    """With ``/dev/shm`` slabs (``AIOLOADER_SLABS=devshm``, read by the zygote, so in a
-    script of its own), a killed loader process leaves its slabs and semaphores as names in
-    /dev/shm; the trainer removes them when it closes the loader, not when it exits (the
-    resource tracker's time), and a batch it holds stays readable."""
+    """With ``/dev/shm`` slabs (``AIOLOADER_SLABS=devshm``, in a script of its own, whose
+    exit shows what the resource tracker finds), a killed loader process leaves its slabs and
+    semaphores as names in /dev/shm; the trainer removes them when it closes the loader, not
+    when it exits (the resource tracker's time), and a batch it holds stays readable."""
     script = tmp_path / "killed_devshm.py"
     script.write_text(KILLED_WITH_DEVSHM_SLABS.format(paths=numbered))
     env = {**script_env(), "AIOLOADER_SLABS": "devshm"}

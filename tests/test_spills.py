@@ -39,9 +39,9 @@ def test_a_segment_given_back_is_reused_by_best_fit_and_the_pool_is_bounded() ->
 
 
 def test_segments_kept_for_reuse_go_once_batches_stop_spilling() -> None:
-    """Only the first batches spill without a custom collate: once ``keep`` batches in a row
-    spilled nothing, the kept segments are closed, and one given back then is too; the next
-    spill starts keeping again."""
+    """Batches seldom spill without a custom collate: once ``keep`` batches in a row spilled
+    nothing, the kept segments are closed, and one given back then is too; the next spill
+    starts keeping again."""
     kind = choose_kind()
     assert kind is not None
     pool = SpillPool(kind, keep=2)

@@ -168,8 +168,9 @@ def test_slow_storage_with_free_read_slots_says_so_and_remote_advice_names_the_o
 def test_an_epoch_shorter_than_the_window_is_judged_at_its_end_when_long_enough(
     batches: int, warnings: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A trainer that waited 3 of every 4 s: an epoch of 30 batches ends with one warning;
-    one of 10 says nothing (its window would mostly be the pipeline filling up)."""
+    """A trainer that waited 3 of every 4 s: an epoch of 30 batches ends with one warning,
+    which says it judged the 29 after the first (the first opens the window); one of 10 says
+    nothing (its window would mostly be the pipeline filling up)."""
     clock = FakeClock()
     counters = Counters(io_concurrency=8, num_workers=2, clock=clock)
     counters.begin_epoch(0)
@@ -179,8 +180,32 @@ def test_an_epoch_shorter_than_the_window_is_judged_at_its_end_when_long_enough(
             counters.delivered(4, waited=3.0)
         counters.end_epoch()
     said = [r.getMessage() for r in caplog.records if "the trainer waited for data" in r.getMessage()]
-    prefix = f"the trainer waited for data 75% of the time over the last {WINDOW} batches; bottleneck: "
+    prefix = f"the trainer waited for data 75% of the time over the last {batches - 1} batches; bottleneck: "
     assert len(said) == warnings and all(m.startswith(prefix) for m in said), said
+
+
+def test_the_warning_says_how_many_batches_it_judged_and_counts_its_nouns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A whole window judged says :data:`WINDOW` batches: a trainer that kept up for the
+    first window and then waited 3 of every 4 s is warned at the second check, over the last
+    WINDOW batches; with one worker, the advice says "1 worker"."""
+    clock = FakeClock()
+    counters = Counters(io_concurrency=1, num_workers=1, clock=clock)
+    counters.begin_epoch(0)
+    with caplog.at_level(logging.WARNING, logger="aioloader"):
+        for waited in [0.0] * WINDOW + [3.0] * WINDOW:
+            clock.advance(4.0)
+            counters.delivered(4, waited=waited)
+    said = [r.getMessage() for r in caplog.records if "the trainer waited for data" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"the trainer waited for data 75% of the time over the last {WINDOW} batches;")
+    decode = {"read": stage("read", 0.1, capacity=1), "decode": stage("decode", 1, capacity=1)}
+    advice = diagnose(decode, 0.5, num_workers=1, io_concurrency=1).advice
+    assert advice.startswith("1.0 decode chunks in flight for 1 worker, p50 2.0 ms"), advice
+    read = {"read": stage("read", 1, capacity=1), "decode": stage("decode", 0.1, capacity=1)}
+    advice = diagnose(read, 0.5, num_workers=1, io_concurrency=1).advice
+    assert advice.startswith("1 of 1 read in flight, p50 2.0 ms"), advice
 
 
 def test_the_verdict_looks_back_over_the_last_window_of_batches() -> None:

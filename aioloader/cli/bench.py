@@ -60,7 +60,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "bench",
         help="measure your own data through the loader and name the bottleneck",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="Load your own files for a bounded time with nothing training, so the loader's own "
+        "limit shows, then print samples/s and MB/s, the stage table, the bottleneck with its advice, and "
+        "the shortest train step this rate can feed without the trainer waiting.",
     )
     p.add_argument("source", metavar="PATH_OR_URL", help="a folder (ImageFolder or flat) or a URL prefix")
     p.add_argument(

@@ -10,7 +10,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image, ImageFile
+from PIL import Image, ImageFile, UnidentifiedImageError
 
 from aioloader.decode.worker import sample_rng
 
@@ -129,7 +129,7 @@ class ImageDecoder:
 
     def __call__(self, data: bytes) -> npt.NDArray[np.uint8]:
         source = _Source(data)
-        img: Image.Image = Image.open(source)
+        img = _open(source, data)
         box, flip = self.window(*img.size, sample_rng)
         return self._decode_in(img, source, box, flip)
 
@@ -151,7 +151,7 @@ class ImageDecoder:
         """``data`` decoded, ``box`` of it resized to the output, flipped if ``flip``: what
         :meth:`__call__` makes with that window (the device path's CPU fallback)."""
         source = _Source(data)
-        return self._decode_in(Image.open(source), source, box, flip)
+        return self._decode_in(_open(source, data), source, box, flip)
 
     def _decode_in(
         self, img: Image.Image, source: _Source, box: tuple[float, float, float, float], flip: bool
@@ -193,6 +193,17 @@ class _Source(io.BytesIO):
         if not out and self.whole and size != 0:
             raise OSError("image file is truncated")
         return out
+
+
+def _open(source: _Source, data: bytes) -> Image.Image:
+    """``Image.open(source)``. A file that is no image Pillow knows is said so by its size and
+    first bytes (an HTML page, a Git LFS pointer), not by the repr of ``source``, which is all
+    Pillow's message would name; a :class:`~aioloader.DecodeError` names the file."""
+    try:
+        return Image.open(source)
+    except UnidentifiedImageError:
+        start = f", starting {bytes(data[:16])!r}" if data else ""
+        raise UnidentifiedImageError(f"cannot identify image file ({len(data)} bytes{start})") from None
 
 
 def _load_whole(img: Image.Image, source: _Source) -> None:

@@ -26,7 +26,8 @@ leaves nothing), and ``aioloader doctor`` finds those of dead processes.
 ``auto`` (the default: memfd where possible, else ``/dev/shm``), ``memfd`` (memfd or no
 slabs: every sample is pickled), ``devshm`` (always ``/dev/shm``, e.g. to test the fallback).
 A loader process (the default, :mod:`aioloader.run.loaderproc`) reads the trainer's environment as it
-was when the loader started (:mod:`aioloader.procs.forking`).
+was when that loader started, not when the process's first loader did: each loader's helpers
+follow the environment of their own start (:mod:`aioloader.procs.forking`).
 """
 
 from __future__ import annotations
@@ -109,8 +110,11 @@ def devshm_possible() -> bool:
 
 
 def choose_kind() -> str | None:
-    """Where this process's slabs go: ``"memfd"``, ``"devshm"``, or None for nowhere
-    (samples then cross the pipe, pickled); follows ``AIOLOADER_SLABS``."""
+    """Where this process's slabs go, as ``AIOLOADER_SLABS`` says now (another value is a
+    :class:`LoaderError`): ``"memfd"``, ``"devshm"``, or None where neither can be made.
+    What None means is the caller's: the pipeline then makes no slabs (every sample crosses
+    the workers' pipes pickled) and the loader process spills nothing, while a
+    :class:`~aioloader.memory.slabs.SlabPool` left to choose raises :class:`LoaderError`."""
     wanted = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if wanted not in ("auto", MEMFD, DEVSHM):
         raise LoaderError(f"{ENV}={wanted!r}: expected 'auto', 'memfd' or 'devshm'")

@@ -20,10 +20,15 @@ from dataclasses import dataclass
 
 from aioloader.observe.stages import STAGES, StageStats, utilization
 
-__all__ = ["WAIT_SHARE", "Bottleneck", "diagnose"]
+__all__ = ["WAIT_SHARE", "Bottleneck", "counted", "diagnose"]
 
 #: The trainer's share of time waiting above which the loader is the limit (and a warning says so).
 WAIT_SHARE = 0.10
+
+
+def counted(n: int, one: str, many: str) -> str:
+    """``n`` and the noun for that many: ``1 worker``, ``2 workers``."""
+    return f"{n} {one if n == 1 else many}"
 
 
 @dataclass(frozen=True)
@@ -68,8 +73,8 @@ def diagnose(
 
 def _cluster_advice(stage: StageStats, wait_share: float, tasks: int, busy: float) -> str:
     held = (
-        f"{stage.mean_in_flight:.1f} of {stage.bound} Ray tasks in flight for {tasks} decoding at once"
-        f"{_latency(stage)} per sample; trainer waited {wait_share:.0%}"
+        f"{stage.mean_in_flight:.1f} of {counted(stage.bound, 'Ray task', 'Ray tasks')} in flight for "
+        f"{tasks} decoding at once{_latency(stage)} per sample; trainer waited {wait_share:.0%}"
     )
     if busy >= 0.7:
         return (
@@ -92,7 +97,7 @@ def _latency(stage: StageStats) -> str:
 def _advice(stage: StageStats, wait_share: float, workers: int, io: int, remote: bool) -> str:
     waited = f"trainer waited {wait_share:.0%}"
     if stage.name == "read":
-        held = f"{stage.mean_in_flight:.0f} of {io} reads in flight{_latency(stage)}"
+        held = f"{stage.mean_in_flight:.0f} of {counted(io, 'read', 'reads')} in flight{_latency(stage)}"
         if utilization(stage) >= 0.8:
             more = " or give storage_options for a faster endpoint" if remote else ""
             return f"{held}; {waited} — raise io_concurrency{more}"
@@ -101,7 +106,8 @@ def _advice(stage: StageStats, wait_share: float, workers: int, io: int, remote:
         )
     if stage.name == "decode":
         return (
-            f"{stage.mean_in_flight:.1f} decode chunks in flight for {workers} workers{_latency(stage)} "
+            f"{stage.mean_in_flight:.1f} decode chunks in flight for {counted(workers, 'worker', 'workers')}"
+            f"{_latency(stage)} "
             f"per sample; {waited} — raise num_workers if CPUs are free, or make decode cheaper "
             "(a smaller output, fewer augmentations, or work moved to the GPU)"
         )

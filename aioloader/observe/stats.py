@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeAlias
 
-from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, diagnose
+from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, counted, diagnose
 from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stages import STAGES, StageMeter, StageStats, between
 from aioloader.observe.wheredecoded import (
@@ -205,17 +205,16 @@ class Counters:
             view.update(self._absorbed)
         return view
 
-    def _window(
-        self, view: dict[str, StageStats] | None = None
-    ) -> tuple[float, dict[str, StageStats]] | None:
-        """The trainer's wait share and the stages over the recent batches (see
-        :data:`WINDOW`; the first batch of an epoch opens the window), or None before the
-        second batch. ``view``: the stages now, when the caller has them already."""
+    def _window(self, view: _Stages | None = None) -> tuple[float, _Stages, int] | None:
+        """The trainer's wait share, the stages and the number of batches judged over the
+        recent ones (see :data:`WINDOW`; the first batch of an epoch opens the window, its wait
+        left out), or None before the second. ``view``: the stages now, if the caller has them."""
         with self._lock:
             if len(self._recent) < 2:
                 return None
             (t0, _, before), (t1, _, after) = self._recent[0], self._recent[-1]
-            waited = sum(w for _, w, _ in list(self._recent)[1:])
+            judged = list(self._recent)[1:]
+        waited = sum(w for _, w, _ in judged)
         # The stages over the same span as the waits (first to last batch of the window, not
         # up to now: stats read after an epoch or an evaluation would dilute them), with
         # the percentiles of now.
@@ -226,15 +225,20 @@ class Counters:
             )
             for name in STAGES
         }
-        return (waited / (t1 - t0) if t1 > t0 else 0.0), stages
+        return (waited / (t1 - t0) if t1 > t0 else 0.0), stages, len(judged)
 
     def bottleneck(self, view: dict[str, StageStats] | None = None) -> tuple[Bottleneck, float] | None:
         """The verdict over the recent batches and the trainer's wait share in them."""
+        found = self._judge(view)
+        return None if found is None else found[:2]
+
+    def _judge(self, view: _Stages | None = None) -> tuple[Bottleneck, float, int] | None:
+        """:meth:`bottleneck`, and the number of batches it judged."""
         view = view if view is not None else self._stage_view()
         window = self._window(view)
         if window is None:
             return None
-        share, stages = window
+        share, stages, judged = window
         verdict = diagnose(
             stages,
             share,
@@ -243,23 +247,23 @@ class Counters:
             remote=self._remote,
             cluster_busy=self.cluster.busy_share if self.cluster is not None else None,
         )
-        return verdict, share
+        return verdict, share, judged
 
     def _warn_if_waiting(self) -> None:
-        """A WARNING when the trainer waited more than :data:`WAIT_SHARE` of the last
-        :data:`WINDOW` batches' time, at most once per epoch and stage."""
-        found = self.bottleneck()
+        """A WARNING, saying how many batches were judged (:meth:`_window`), when the trainer
+        waited more than :data:`WAIT_SHARE` of their time; at most once per epoch and stage."""
+        found = self._judge()
         if found is None or found[1] <= WAIT_SHARE:
             return
-        verdict, share = found
+        verdict, share, judged = found
         key = (self.epoch, verdict.stage)
         if key in self._warned:
             return
         self._warned.add(key)
         log.warning(
-            "the trainer waited for data %.0f%% of the time over the last %d batches; bottleneck: %s",
+            "the trainer waited for data %.0f%% of the time over the last %s; bottleneck: %s",
             share * 100,
-            WINDOW,
+            counted(judged, "batch", "batches"),
             verdict,
         )
 
@@ -348,16 +352,13 @@ class Counters:
             self.failed_paths = deque(paths, maxlen=8)
             self.read_retries, self.worker_restarts = retries, restarts
             if device is not None:
-                self._device_side(device)
+                self.device = with_loader_side(self.device, device)
 
     def device_loader_side(self, cpu: int, reasons: dict[str, int], share: float) -> None:
         """The device decode's stage (loader side): ``cpu`` more samples for the workers,
         ``reasons`` the counts of those the device could not take, the workers' ``share``."""
         with self._lock:
             self.device = add_loader_side(self.device, cpu, reasons, share)
-
-    def _device_side(self, side: DeviceSide) -> None:
-        self.device = with_loader_side(self.device, side)
 
     def device_decoded(self, gpu: int, seconds: float, failed: int, undecodable: int = 0) -> None:
         """The bridge decoded ``gpu`` samples on the device in ``seconds``; ``failed`` more

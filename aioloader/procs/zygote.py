@@ -6,10 +6,12 @@ Decode workers must not be plain ``fork`` children of the trainer once other thr
 that interpreter must import what the workers need: with a training script that imports
 torch, the first batch waits a second or more for it.
 
-The zygote is started when the first loader of the process starts, and only if no
-``aioloader-*`` thread exists yet, in one of two ways (:func:`started_by`), chosen by a rule
-about the process's OS threads, not only aioloader's
-(:func:`aioloader.procs.cleanstart.how_to_start`):
+The zygote is started when the first loader of the process is made: ``Loader.__init__``
+calls :func:`early` (see there why not when it starts). A loader whose ``__init__`` does not
+(``decode_on="ray"``, or ``decode=None`` with ``loader_process=False``) asks for it when a
+part of it that forks helpers starts. Either way only if no ``aioloader-*`` thread exists
+yet, and in one of two ways (:func:`started_by`), chosen by a rule about the process's OS
+threads, not only aioloader's (:func:`aioloader.procs.cleanstart.how_to_start`):
 
 - ``"fork"``, where the trainer has exactly one OS thread: nothing can hold a lock at the
   fork. The child already holds every module the trainer imported (the decode function's

@@ -10,10 +10,12 @@ and the trainer, whose mappings are cached by name (:class:`~aioloader.run.wire.
 maps nothing new. A segment is reused only once the trainer has said it no longer views it
 (its ``R`` line), never while a batch shows it.
 
-Without a custom collate, only the first batches spill (their samples came back pickled,
-before the slabs' layout was learned); once ``keep`` batches in a row crossed without a spill,
-the kept segments are closed (:meth:`SpillPool.unused`): a batch of memory each, that would
-otherwise stay for the loader's life.
+Without a custom collate, a batch spills only where its samples came back pickled and could
+not be written into rows of a learned layout (:mod:`aioloader.engine.assemble`). The first
+batches do so only when the first batch's probes taught nothing (every one failed, say:
+:mod:`aioloader.engine.opening`, RESULTS §25). Once ``keep`` batches in a row crossed
+without a spill, the kept segments are closed (:meth:`SpillPool.unused`): a batch of memory
+each, that would otherwise stay for the loader's life.
 """
 
 from __future__ import annotations
