@@ -19,7 +19,7 @@ from helpers import decode_number, flatten
 import aioloader
 from aioloader import FileDataset, Loader
 from aioloader.base.items import Batch
-from aioloader.run.device import DeviceCopier, PinnedPool, map_tensors
+from aioloader.run.device import SMALL, DeviceCopier, PinnedPool, map_tensors
 
 Pair = namedtuple("Pair", "a b")
 RUNTIMES = pytest.mark.parametrize("loader_process", [False, True], ids=["thread", "process"])
@@ -150,14 +150,18 @@ def test_batches_arrive_on_the_device_equal_to_the_cpu_batches(
     image_folder: Path, device: str, loader_process: bool
 ) -> None:
     """The same loader with ``device=None`` and with ``device``: the same images and labels,
-    bit for bit (random crops and flips included), the batches on ``device``; with CUDA
-    through pinned staging buffers. ``close()`` leaves nothing: no staging buffer, no side
-    stream, no GPU memory once the batches are dropped (threads, processes, descriptors and
-    slabs: the ``no_leaks`` fixture)."""
+    bit for bit (random crops and flips included), the batches on ``device``. With CUDA, a
+    loader process's batches are copied straight from its slabs (page-locked in the
+    trainer), this process's own through pinned staging buffers: a batch's images are above
+    ``SMALL`` (a leaf under it is copied from where it lies, staged by the driver, the last
+    batch's here). ``close()`` leaves nothing: no staging buffer, no side stream, no GPU
+    memory once the batches are dropped (threads, processes, descriptors and slabs: the
+    ``no_leaks`` fixture)."""
     ds = FileDataset.from_folder(image_folder)
+    assert SMALL < 7 * 3 * 64 * 64  # a full batch's images take the staging path in-process
     kw: dict[str, Any] = {
         "batch_size": 7,
-        "decode": aioloader.ImageDecoder(40, crop="random", hflip=True),
+        "decode": aioloader.ImageDecoder(64, crop="random", hflip=True),
         "num_workers": 2,
         "shuffle": True,
         "seed": 3,
@@ -176,7 +180,7 @@ def test_batches_arrive_on_the_device_equal_to_the_cpu_batches(
     same_batches(got, expected, device)
     if device == "cuda":
         # A loader process's slabs are page-locked in the trainer and copied in place; this
-        # process's own slabs go through the staging buffers.
+        # process's own slabs are not registered: their batches go through staging buffers.
         if loader_process:
             assert copier.direct_bytes > 0 and copier.staged_bytes == 0 and staged == 0
         else:

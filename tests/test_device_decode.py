@@ -26,7 +26,7 @@ from aioloader.collate import default_collate
 from aioloader.decode import ondevice
 from aioloader.decode.encoded import EncodedBatch, EncodedImage
 from aioloader.decode.hybrid import HybridShare
-from aioloader.decode.jpeg import JpegHeader, jpeg_header, not_on_device
+from aioloader.decode.jpeg import JpegHeader, jpeg_complete, jpeg_header, not_on_device
 from aioloader.synthetic import make_image, make_image_folder
 
 RUNTIMES = pytest.mark.parametrize("loader_process", [False, True], ids=["thread", "process"])
@@ -99,12 +99,37 @@ def test_idle_workers_take_a_measured_share(mixed: Path, monkeypatch: pytest.Mon
 @RUNTIMES
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_a_jpeg_cut_short_fails_as_on_the_cpu(tmp_path: Path, on_error: str, loader_process: bool) -> None:
-    """Its header passes the screening, so it reaches the bridge; neither decoder can decode
-    it: with "raise" a DecodeError naming it; with "skip" its row is left out, labels too."""
+    """Its header passes the screening, its end does not: the CPU workers take it and fail
+    it as any corrupt file (nvJPEG would decode it without an error): with "raise" a
+    DecodeError naming it; with "skip" its row is left out, labels too."""
     root = make_image_folder(tmp_path / "cut", num_images=16, num_classes=2, size=(96, 72))
     bad = root / "class_01" / "img_000003.jpg"
     bad.write_bytes(bad.read_bytes()[:400])
-    assert jpeg_header(bad.read_bytes()) is not None
+    assert jpeg_header(bad.read_bytes()) is not None and not jpeg_complete(bad.read_bytes())
+    if on_error == "raise":
+        with pytest.raises(DecodeError, match="img_000003"):
+            load(root, decoder("cpu"), loader_process=loader_process)
+        return
+    expected, _ = load(root, decoder(None), on_error="skip", loader_process=loader_process)
+    got, stats = load(root, decoder("cpu"), on_error="skip", loader_process=loader_process)
+    same(got, expected)
+    assert sum(len(y) for _, y in got) == 15
+    assert stats.device_decode is not None and stats.failures == 1
+    assert stats.device_decode.fallbacks == {"JPEG without its end": 1}
+
+
+@RUNTIMES
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_jpeg_the_screening_passes_but_neither_decodes(
+    tmp_path: Path, on_error: str, loader_process: bool
+) -> None:
+    """Cut short and given an end marker, it passes the screening and reaches the bridge;
+    neither decoder can decode it: with "raise" a DecodeError naming it; with "skip" its row
+    is left out, labels too."""
+    root = make_image_folder(tmp_path / "cut", num_images=16, num_classes=2, size=(96, 72))
+    bad = root / "class_01" / "img_000003.jpg"
+    bad.write_bytes(bad.read_bytes()[:400] + b"\xff\xd9")
+    assert not_on_device(jpeg_header(bad.read_bytes()), complete=jpeg_complete(bad.read_bytes())) is None
     if on_error == "raise":
         with pytest.raises(DecodeError, match="img_000003"):
             load(root, decoder("cpu"), loader_process=loader_process)
@@ -174,6 +199,36 @@ def test_not_on_device_says_why() -> None:
     assert not_on_device(JpegHeader(3, 8, 10, 10, 3)) == "JPEG coding SOF3"
     assert not_on_device(JpegHeader(1, 12, 10, 10, 3)) == "12-bit JPEG"
     assert not_on_device(JpegHeader(0, 8, 10, 10, 4)) == "JPEG with 4 components"
+    assert not_on_device(JpegHeader(0, 8, 10, 10, 3), complete=False) == "JPEG without its end"
+    assert not_on_device(None, complete=False) == "not a JPEG"
+
+
+@pytest.mark.parametrize("kind", ["baseline", "progressive", "grey", "exif"])
+def test_jpeg_complete_wants_the_end_marker(kind: str) -> None:
+    """Real JPEGs (Pillow's): whole, with padding after EOI (zeros, FF), as bytes or a view
+    of a larger buffer; cut at any point (in the header, the scan, one or two bytes short),
+    or with data after EOI, not."""
+    img = make_image(np.random.default_rng(2), 120, 90)
+    kw: dict[str, Any] = {"quality": 90}
+    if kind == "progressive":
+        kw["progressive"] = True
+    elif kind == "grey":
+        img = img.convert("L")
+    elif kind == "exif":
+        kw["exif"] = Image.Exif()  # an APP1 segment before the frame header
+    data = encode(img, **kw)
+    assert data.endswith(b"\xff\xd9") and jpeg_complete(data)
+    for padded in (data + b"\x00", data + b"\x00" * 4096, data + b"\xff" * 3, data + b"\x00\xff\x00"):
+        assert jpeg_complete(padded) and jpeg_complete(memoryview(b"x" + padded)[1:])
+    for cut in (2, 100, 400, len(data) // 2, len(data) - 100, len(data) - 2, len(data) - 1):
+        assert not jpeg_complete(data[:cut]), cut
+        assert not jpeg_complete(data[:cut] + b"\x00" * 16), cut
+        assert not jpeg_complete(memoryview(data)[:cut]), cut
+        assert not_on_device(jpeg_header(data[:cut]), complete=jpeg_complete(data[:cut])) is not None
+    for after in (b"x", b"\xff\xd9\x01", b"\x00\x00ftypmp42"):
+        assert not jpeg_complete(data + after)
+    for tiny in (b"", b"\xd9", b"\x00", b"\xff", b"\x00\x00"):
+        assert not jpeg_complete(tiny)
 
 
 def test_hybrid_share_follows_the_workers_utilization() -> None:

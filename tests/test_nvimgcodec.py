@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageFile
 
 from aioloader import ImageDecoder
 from aioloader.decode.nvimgcodec import NvImageCodecDecoder, inner_box, resize_box, roi_window
@@ -149,7 +149,9 @@ class FakeCodec(types.ModuleType):
     """nvImageCodec's Python API as the decoder uses it, decoding with Pillow: ``CodeStream``
     parses (raises where Pillow can't open it), ``get_sub_code_stream(region=)`` keeps the
     region, ``Decoder.decode`` gives an HWC array of the region (grey: one channel) or None
-    per image; ``batch_error`` makes a batched call raise, ``batch_none`` gives all None."""
+    per image; ``batch_error`` makes a batched call raise, ``batch_none`` gives all None;
+    ``lenient`` decodes a JPEG cut short without an error, as nvJPEG does (the rows missing
+    grey)."""
 
     class ColorSpec:
         SRGB = "srgb"
@@ -159,6 +161,8 @@ class FakeCodec(types.ModuleType):
         self.calls: list[dict[str, Any]] = []
         self.batch_error = self.batch_none = False
         self.shrink = False  # decode one row short of the region asked for
+        self.lenient = False
+        self.windows: list[tuple[int, int, int, int] | None] = []  # decoded, None: the whole image
         fake = self
 
         class DecodeParams:
@@ -203,14 +207,17 @@ class FakeCodec(types.ModuleType):
             def one(self, code: CodeStream) -> np.ndarray | None:
                 try:
                     img = Image.open(io.BytesIO(code.data))
+                    ImageFile.LOAD_TRUNCATED_IMAGES = fake.lenient
                     img.load()
                 except OSError:
                     return None
+                finally:
+                    ImageFile.LOAD_TRUNCATED_IMAGES = False
                 arr = np.array(img if img.mode == "L" else img.convert("RGB")).reshape(
                     img.size[1], img.size[0], -1
                 )
-                assert code.window is not None
-                x0, y0, x1, y1 = code.window
+                fake.windows.append(code.window)
+                x0, y0, x1, y1 = code.window or (0, 0, img.size[0], img.size[1])
                 return arr[y0 : y1 - fake.shrink, x0:x1]
 
         self.DecodeParams, self.Region, self.CodeStream, self.Decoder = (
@@ -232,9 +239,11 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCodec:
     return codec
 
 
-def run(device: torch.device, resample: str, stream: Any) -> tuple[list[int], torch.Tensor]:
+def run(
+    device: torch.device, resample: str, stream: Any, roi: bool = False
+) -> tuple[list[int], torch.Tensor]:
     datas, boxes, flips = batch()
-    dec = NvImageCodecDecoder(device, H, W, resample)
+    dec = NvImageCodecDecoder(device, H, W, resample, roi=roi)
     dec.start()
     out = torch.full((len(datas), 3, H, W), 7, dtype=torch.uint8, device=device)
     try:
@@ -253,16 +262,28 @@ def check(out: torch.Tensor, resample: str, mean: float, most: int) -> None:
     assert (out[BAD] == 7).all()  # failed positions left untouched
 
 
+@pytest.mark.parametrize("roi", [False, True], ids=["whole", "roi"])
 @pytest.mark.parametrize("resample", RESAMPLES)
-def test_decode_gives_the_cpu_paths_pixels_and_the_failed_positions(fake: FakeCodec, resample: str) -> None:
-    failed, out = run(torch.device("cpu", 0), resample, FakeStream())
+def test_decode_gives_the_cpu_paths_pixels_and_the_failed_positions(
+    fake: FakeCodec, resample: str, roi: bool
+) -> None:
+    """Whole images (the default: nvJPEG < 13.2's GPU decoders refuse a region of a 4:2:0
+    JPEG) or the crop window and the filter's reach alone: the CPU path's pixels."""
+    failed, out = run(torch.device("cpu", 0), resample, FakeStream(), roi=roi)
     assert failed == BAD
     check(out, resample, mean=0.5, most=0 if resample == "nearest" else 1)
+    datas, _, _ = batch()
+    if roi:
+        sizes = [Image.open(io.BytesIO(datas[i])).size for i in OK]
+        assert all(w is not None for w in fake.windows)
+        assert any(w != (0, 0, *size) for w, size in zip(fake.windows, sizes, strict=True))
+    else:
+        assert fake.windows == [None] * len(OK)
     start, call = fake.calls
     assert start == {"device_id": 0, "threads": 1, "options": ":fancy_upsampling=1"}
     # one batched call of the parsed JPEGs, on the caller's stream, EXIF orientation ignored
     assert call == {
-        "n": 5,
+        "n": 4,  # the JPEG cut short is not sent: it does not end with EOI
         "stream": 12345,
         "apply_exif_orientation": False,
         "color_spec": "srgb",
@@ -276,7 +297,20 @@ def test_a_failed_batch_is_decoded_image_by_image(fake: FakeCodec, how: str) -> 
     failed, out = run(torch.device("cpu", 0), "bilinear", FakeStream())
     assert failed == BAD
     check(out, "bilinear", mean=0.5, most=1)
-    assert [c["n"] for c in fake.calls[1:]] == [5, None, None, None, None, None]
+    assert [c["n"] for c in fake.calls[1:]] == [4, None, None, None, None]
+
+
+def test_a_jpeg_cut_short_is_a_failed_position_though_the_codec_would_decode_it(fake: FakeCodec) -> None:
+    """nvJPEG decodes a JPEG cut in half without an error; Pillow, on the CPU path, refuses
+    it: the decoder does not send it (it does not end with EOI), so that it fails here too
+    and the bridge's Pillow reports it."""
+    fake.lenient = True
+    datas, _, _ = batch()
+    assert Image.open(io.BytesIO(datas[3])).size == (160, 120)  # its header is whole
+    failed, out = run(torch.device("cpu", 0), "bilinear", FakeStream())
+    assert failed == BAD
+    check(out, "bilinear", mean=0.5, most=1)
+    assert fake.calls[1]["n"] == 4
 
 
 def test_a_decoded_image_of_another_size_is_a_failed_position(fake: FakeCodec) -> None:
@@ -290,12 +324,16 @@ def test_a_decoded_image_of_another_size_is_a_failed_position(fake: FakeCodec) -
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("roi", [False, True], ids=["whole", "roi"])
 @pytest.mark.parametrize("resample", RESAMPLES)
-def test_cuda_decode_matches_the_cpu_path(resample: str) -> None:
+def test_cuda_decode_matches_the_cpu_path(resample: str, roi: bool) -> None:
+    """Whole images and crop windows (with nvJPEG < 13.2, nvImageCodec decodes a window of
+    a 4:2:0 JPEG on its CPU decoder: the same pixels, slower); the JPEG cut in half, the PNG
+    and the garbage are failed positions, as on the CPU path."""
     pytest.importorskip("nvidia.nvimgcodec")
     device = torch.device("cuda", torch.cuda.current_device())
     stream = torch.cuda.Stream(device)  # a side stream: the work must be ordered on it
-    failed, out = run(device, resample, stream)
+    failed, out = run(device, resample, stream, roi=roi)
     stream.synchronize()
     assert failed == BAD
     # nvJPEG's IDCT is not libjpeg-turbo's: a few levels here and there

@@ -10,18 +10,28 @@ A JPEG is a sequence of markers ``FF xx``; all but SOI/EOI/RSTn carry a 2-byte b
 length (that includes itself). The frame header (SOFn) holds the precision, height, width and
 number of components; its ``n`` says the coding: 0 baseline, 1 extended, 2 progressive, 3
 lossless, 5-7 hierarchical, 9-15 arithmetic.
+
+A whole JPEG ends with EOI (``FF D9``), which cannot occur inside its entropy-coded data
+(an ``FF`` there is followed by ``00`` or a restart marker). nvJPEG decodes a JPEG cut short
+without an error, where Pillow refuses it: so a file that does not end with EOI (padding
+bytes ``00`` or ``FF`` after it allowed, as some cameras write) goes to the CPU workers, which
+decode it or report it as any corrupt file (:func:`jpeg_complete`). Data after the end other
+than padding (a motion photo's video, say) sends the file to the CPU workers too: they decode
+it, only slower.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["JpegHeader", "jpeg_header", "not_on_device"]
+__all__ = ["JpegHeader", "jpeg_complete", "jpeg_header", "not_on_device"]
 
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RST0-7
 #: Markers read before giving up on finding the frame header (EXIF, ICC, comments, ...).
 _MAX_MARKERS = 64
+#: Bytes a writer may leave after EOI (a file padded to a block size).
+_PADDING = b"\x00\xff"
 
 
 @dataclass(frozen=True)
@@ -66,12 +76,27 @@ def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
     return None
 
 
-def not_on_device(header: JpegHeader | None, progressive: bool = True) -> str | None:
+def jpeg_complete(data: bytes | memoryview) -> bool:
+    """Whether ``data`` ends as a whole JPEG does: with EOI (``FF D9``), then nothing but
+    padding (``00`` or ``FF`` bytes). False for a file cut short (see the module docstring)."""
+    n = len(data)
+    if n >= 2 and data[n - 2] == 0xFF and data[n - 1] == 0xD9:
+        return True  # the common case, without a copy
+    if n < 2 or data[n - 1] not in _PADDING:
+        return False
+    end = len(bytes(data).rstrip(_PADDING))
+    return end >= 2 and data[end - 2] == 0xFF and data[end - 1] == 0xD9
+
+
+def not_on_device(header: JpegHeader | None, progressive: bool = True, complete: bool = True) -> str | None:
     """Why a sample with ``header`` is decoded on the CPU rather than the GPU (a short reason,
     counted in ``stats``), or None when the GPU takes it. ``progressive``: the device's
-    decoder takes progressive JPEGs too."""
+    decoder takes progressive JPEGs too; ``complete``: the file ends as a whole JPEG does
+    (:func:`jpeg_complete`)."""
     if header is None:
         return "not a JPEG"
+    if not complete:
+        return "JPEG without its end"
     if header.sof not in (0, 1, 2) or (header.sof == 2 and not progressive):
         return f"JPEG coding SOF{header.sof}"
     if header.precision != 8:

@@ -5,8 +5,21 @@ batch at once on nvJPEG, with the hardware JPEG engine where the card has one (A
 But torchvision's batched GPU decode is deprecated since 0.29 in favour of TorchCodec, the
 ordering of its output on the caller's stream has a known race (pytorch/vision PR #9606) and
 its hardware path synchronises the host. nvImageCodec takes the CUDA stream to order its work
-on, decodes only a region of interest (the crop window, not the whole image), is DALI's own
-decoding backend, and is a PyPI wheel not tied to a torch version (``aioloader[gpu]``).
+on, can decode only a region of interest (the crop window), is DALI's own decoding backend,
+and is a PyPI wheel not tied to a torch version (``aioloader[gpu]``).
+
+Whole images, not the crop window, by default (``roi=False``). With nvJPEG older than 13.2
+(CUDA toolkit 13.3), both of nvImageCodec's GPU decoders (the hardware engine's and the
+CUDA one) refuse a region of a chroma-subsampled JPEG (4:2:0, most photos) when fancy
+upsampling is on: its 1-pixel edge may be wrong (their option ``enable_roi_fancy_upsampling``,
+off there; one WARNING per image). Such an image then falls to nvImageCodec's CPU decoder
+(libjpeg-turbo), on its one thread, the bridge's: about 2 ms of a 500x375 image, 230-240 ms
+of CPU for a batch's 128 (RESULTS §29: the first GPU run, 0.54x DataLoader). Which nvJPEG a
+process has is not aioloader's choice: the first one loaded serves all, and torchvision
+brings its own (in §29 the cuda tests, without torchvision, printed no such WARNING; the
+training benchmark, which imports torchvision first, one per image). A whole image goes to
+the GPU decoders whatever the version; its crop is the resize's taps. ``roi=True`` asks for
+the window; ``benchmarks/gpu_decode_profile.py`` times both and names the nvJPEG loaded.
 
 What the API does, read in its bindings (python/decoder.cpp, code_stream.cpp, image.cpp):
 ``Decoder.decode(list_of_code_streams, params=, cuda_stream=)`` returns one ``Image`` or None
@@ -37,6 +50,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 from torch.utils.dlpack import from_dlpack
+
+from aioloader.decode.jpeg import jpeg_complete
 
 __all__ = ["NvImageCodecDecoder", "inner_box", "resize_box", "roi_window"]
 
@@ -170,11 +185,14 @@ class NvImageCodecDecoder:
     engine where the card has one), then crops, resizes and flips each on the GPU.
 
     ``resample``: Pillow's filter of the same name (nearest, bilinear, bicubic, Lanczos),
-    reproduced exactly; see the module docstring."""
+    reproduced exactly; ``roi``: decode the crop window (and the filter's reach) alone, not
+    the whole image; see the module docstring."""
 
     progressive = True  # nvImageCodec falls back to nvJPEG's CUDA decoder where the engine can't
 
-    def __init__(self, device: torch.device, height: int, width: int, resample: str) -> None:
+    def __init__(
+        self, device: torch.device, height: int, width: int, resample: str, roi: bool = False
+    ) -> None:
         if resample not in ("nearest", *_FILTERS):
             raise ValueError(f"resample={resample!r} must be one of nearest, bilinear, bicubic, lanczos")
         try:
@@ -183,6 +201,7 @@ class NvImageCodecDecoder:
             raise ImportError(_MISSING) from e
         self._device = torch.device(device)
         self._height, self._width, self._resample = height, width, resample
+        self._roi = roi
         self._decoder: Any = None
         # The CPU path (Pillow) ignores EXIF orientation: so must this one. SRGB: interleaved
         # RGB (HWC uint8) whatever the source, grey included.
@@ -239,16 +258,23 @@ class NvImageCodecDecoder:
     def _parse(
         self, data: memoryview, box: np.ndarray[Any, Any]
     ) -> tuple[Any, tuple[int, int, int, int]] | None:
-        """The code stream of ``data``'s decode window and the window; None where nvImageCodec
-        can't parse it or it is no JPEG (other formats go to the bridge's Pillow fallback,
-        whose colour handling the CPU path has)."""
+        """The code stream of ``data``'s decode window (the whole image without ``roi``) and
+        the window; None where nvImageCodec can't parse it, it is no JPEG (other formats go
+        to the bridge's Pillow fallback, whose colour handling the CPU path has), or it does
+        not end as a whole JPEG does: nvJPEG decodes a JPEG cut short without an error,
+        Pillow refuses it (the loader's screening sends such files to the CPU workers; this
+        is for any other caller)."""
         nv = self._nv
+        if not jpeg_complete(data):
+            return None
         try:
             # A view of the caller's bytes, no copy: the code stream keeps the array alive.
             code = nv.CodeStream(np.frombuffer(data, dtype=np.uint8))
             if code.codec_name != "jpeg":
                 return None
             full_w, full_h = int(code.width), int(code.height)
+            if not self._roi:
+                return code, (0, 0, full_w, full_h)
             lo, hi = (float(box[0]), float(box[1])), (float(box[2]), float(box[3]))
             margin = (
                 _margin(lo[0], hi[0], self._width, self._resample),

@@ -5,8 +5,8 @@ sends their bytes, with the crop window drawn for each, to the bridging thread, 
 the batch on the device (:mod:`aioloader.run.devdecode`). :class:`DeviceDecodeStage` wraps
 the local pool's stage (:class:`~aioloader.decode.stage.DecodeStage`) and, per chunk:
 
-1. screens each sample's first bytes (:mod:`aioloader.decode.jpeg`): what the device cannot
-   take goes to the CPU workers (counted by reason);
+1. screens each sample's first bytes and its last (:mod:`aioloader.decode.jpeg`): what the
+   device cannot take, and a JPEG cut short, go to the CPU workers (counted by reason);
 2. gives the CPU workers their share of the rest (:mod:`aioloader.decode.hybrid`), the
    chunk's last rows, measured from the workers' utilization;
 3. answers every other sample with :class:`~aioloader.memory.results.Deferred`: an
@@ -30,7 +30,7 @@ from aioloader.decode.contract import ChunkItem, DecodeStageLike, Outcome
 from aioloader.decode.encoded import EncodedImage
 from aioloader.decode.hybrid import HybridShare
 from aioloader.decode.image import ImageDecoder
-from aioloader.decode.jpeg import JpegHeader, jpeg_header, not_on_device
+from aioloader.decode.jpeg import JpegHeader, jpeg_complete, jpeg_header, not_on_device
 from aioloader.memory.results import Deferred
 from aioloader.observe.stages import StageMeter, between, utilization
 
@@ -104,7 +104,7 @@ class DeviceDecodeStage:
         cpu: list[int] = []
         for pos, data in enumerate(datas):
             header = jpeg_header(data)
-            why = not_on_device(header)
+            why = not_on_device(header, complete=jpeg_complete(data))
             if why is None and header is not None:
                 device.append((pos, header))
             else:
