@@ -365,6 +365,51 @@ def test_transient_read_errors_are_retried_and_counted(numbered: list[str]) -> N
         assert loader.stats.read_retries == 6
 
 
+def per_batch(loader: Loader) -> list[list[int]]:
+    return [flatten([batch]) for batch in loader]
+
+
+def test_a_transient_error_on_every_file_is_retried_and_counted_once_each(numbered: list[str]) -> None:
+    """The first read of every one of 32 files fails with EIO (a custom ``read``: fast groups
+    on a read thread): each file is read twice, each retry counted once, and the batches are
+    those of a loader whose reads never fail, in the same order."""
+    files = numbered[:32]
+
+    def loader(read: FlakyRead) -> Loader:
+        return Loader(
+            files, batch_size=8, decode=Fault("raise", set()), read=read, read_retries=2, num_workers=1
+        )
+
+    flaky = FlakyRead(set(range(32)), failures=1, err=errno.EIO)
+    with loader(flaky) as flaky_loader:
+        got = per_batch(flaky_loader)
+        assert flaky_loader.stats.read_retries == 32
+    assert flaky.attempts == {p: 2 for p in files}
+    with loader(FlakyRead(set())) as clean:
+        assert got == per_batch(clean)
+
+
+def test_a_file_failing_transiently_for_good_is_skipped_alone(numbered: list[str]) -> None:
+    """Every read of file 20 (in the middle of its read chunk, files 16-23) fails with EIO:
+    it is tried ``read_retries`` more times (each counted), then skipped; the rest of its
+    batch is delivered, every other file read once."""
+    flaky = FlakyRead({20}, failures=1_000, err=errno.EIO)
+    with Loader(
+        numbered,
+        batch_size=16,
+        shuffle=False,
+        decode=Fault("raise", set()),
+        read=flaky,
+        read_retries=2,
+        num_workers=1,
+        on_error="skip",
+    ) as loader:
+        got = per_batch(loader)
+        assert loader.stats.read_retries == 2
+    assert got == [list(range(16)), [n for n in range(16, 32) if n != 20], list(range(32, 37))]
+    assert flaky.attempts == {p: 3 if i == 20 else 1 for i, p in enumerate(numbered)}
+
+
 def test_read_errors_past_the_retries_fail(numbered: list[str]) -> None:
     flaky = FlakyRead({8}, failures=3, err=errno.EAGAIN)
     with Loader(

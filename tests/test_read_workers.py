@@ -6,6 +6,7 @@ fixture)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 import os
 import pickle
@@ -265,6 +266,57 @@ def test_a_reader_with_workers_reads_like_one_without(files: list[str], tmp_path
     assert isinstance(got[10], ReadError) and (got[10].index, got[10].path) == (10, paths[10])
     assert isinstance(got[10].__cause__, FileNotFoundError)
     assert reader.meter.snapshot().items == len(paths)
+
+
+class FlakyWorkers:
+    """Stands in for started reader processes: answers each group as one would (each file's
+    bytes, or its ``OSError``), the first try of the ``fail_once`` files an EIO; records the
+    files each group read."""
+
+    ready = True
+
+    def __init__(self, fail_once: set[str]) -> None:
+        self.fail_once = fail_once
+        self.reads: list[str] = []
+
+    async def read(self, paths: list[str]) -> Any:
+        out: list[Any] = []
+        for path in paths:
+            self.reads.append(path)
+            if path in self.fail_once:
+                self.fail_once.discard(path)
+                out.append(OSError(errno.EIO, "I/O error", path))
+            else:
+                out.append(Path(path).read_bytes())
+        return out, False, [0.0] * len(out)
+
+    def close(self, grace: float = 2.0) -> None:
+        pass
+
+
+def test_transient_errors_in_a_workers_group_are_each_retried_and_counted(files: list[str]) -> None:
+    """Two files of a group read by the reader processes fail with EIO: each is tried again
+    (counted once); every other file comes from the group, read once."""
+    workers = FlakyWorkers({files[4], files[9]})
+    retried: list[str] = []
+    reader = FileReader(
+        64,
+        loop_free=True,
+        workers=workers,
+        on_retry=lambda path, exc: retried.append(path),  # type: ignore[arg-type]
+    )
+    reader.pace.slow = reader.pace.budget = math.inf
+
+    async def go() -> list[Any]:
+        return await reader.fetch_many(list(enumerate(files)), None, None)
+
+    try:
+        got = asyncio.run(go())
+    finally:
+        reader.close()
+    assert got == [Path(p).read_bytes() for p in files]
+    assert sorted(retried) == [files[4], files[9]]
+    assert workers.reads == files  # one group; the two tried again on their own
 
 
 def test_closing_with_a_group_in_flight_is_quiet(files: list[str], capfd: pytest.CaptureFixture[str]) -> None:

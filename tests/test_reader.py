@@ -36,7 +36,8 @@ class Recording:
     ``delay``: seconds each read takes (past ``ReadPace.slow``: a slow read). ``meet``: the
     first ``meet`` reads (of ``meet_paths`` only, when given) wait until all of them are in
     flight at once, which they can only be on as many threads. ``hold``: every read waits
-    for this event. ``fail_once``: the first try of these files raises ``OSError(err)``.
+    for this event. ``fail_once``: the first try of these files raises ``OSError(err)``;
+    ``fail_always``: every try of these does.
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class Recording:
         meet_paths: Iterable[str] | None = None,
         hold: threading.Event | None = None,
         fail_once: Iterable[str] = (),
+        fail_always: Iterable[str] = (),
         err: int = errno.EIO,
     ) -> None:
         self.delay = delay
@@ -55,6 +57,7 @@ class Recording:
         self.meet_paths = set(meet_paths) if meet_paths is not None else None
         self.hold = hold
         self.fail_once = set(fail_once)
+        self.fail_always = set(fail_always)
         self.err = err
         self.reads: list[tuple[int, str]] = []  # (thread, path), as the reads began
         self.in_flight = 0
@@ -67,7 +70,7 @@ class Recording:
             self.reads.append((threading.get_ident(), path))
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
-            failing = path in self.fail_once
+            failing = path in self.fail_once or path in self.fail_always
             self.fail_once.discard(path)
             meets = self.meet_left > 0 and (self.meet_paths is None or path in self.meet_paths)
             self.meet_left -= meets
@@ -87,6 +90,13 @@ class Recording:
         finally:
             with self.lock:
                 self.in_flight -= 1
+
+    def tries(self) -> dict[str, int]:
+        """How many times each file was read."""
+        out: dict[str, int] = {}
+        for _, p in self.reads:
+            out[p] = out.get(p, 0) + 1
+        return out
 
     def thread(self, path: str) -> int:
         """The thread of ``path``'s first read."""
@@ -179,17 +189,60 @@ def test_slow_reads_go_one_per_hop(files: list[str]) -> None:
 
 
 def test_a_transient_error_in_a_group_is_retried_and_counted(files: list[str]) -> None:
+    """The first try of a file in the middle of a group fails with EIO: that file is tried
+    again (counted once); the files after it come from the same group hop, read once."""
     retried: list[str] = []
-    hook = Recording(fail_once={files[3]})
+    hook = Recording(fail_once={files[10]})
     reader = never_slow(FileReader(64, read=hook, retries=2, on_retry=lambda path, exc: retried.append(path)))
     got = fetch(reader, files)
     assert got == contents(files)
-    assert retried == [files[3]]
-    # The failed try was part of the group hop (one thread read the files up to it, in order);
-    # the file was tried again, once.
-    (group,) = {hook.thread(p) for p in files[:4]}
-    assert hook.files_per_thread()[group][:4] == files[:4]
-    assert [p for _, p in hook.reads].count(files[3]) == 2
+    assert retried == [files[10]]
+    # One thread read the whole group, in order (the failed try among them); the file was
+    # tried again, once; every other file was read once.
+    (group,) = {hook.thread(p) for p in files}
+    assert hook.files_per_thread()[group][: len(files)] == files
+    assert hook.tries() == {p: 2 if p == files[10] else 1 for p in files}
+
+
+def test_transient_errors_of_every_file_in_a_group_are_each_retried_and_counted(files: list[str]) -> None:
+    """The first try of every file fails with EIO: each is tried again once and counted
+    once, never read a third time; the bytes come back in order."""
+    retried: list[str] = []
+    hook = Recording(fail_once=files)
+    reader = never_slow(FileReader(64, read=hook, retries=2, on_retry=lambda path, exc: retried.append(path)))
+    got = fetch(reader, files)
+    assert got == contents(files)
+    assert sorted(retried) == files
+    assert hook.tries() == {p: 2 for p in files}
+
+
+def test_a_transient_error_in_a_group_is_charged_to_its_files_retries(files: list[str]) -> None:
+    """With ``retries=0`` a transient error in a group is that file's ReadError, wherever it
+    falls in the group: no file gets a try its budget does not have."""
+    retried: list[str] = []
+    hook = Recording(fail_once={files[3], files[7]})
+    reader = never_slow(FileReader(64, read=hook, retries=0, on_retry=lambda path, exc: retried.append(path)))
+    got = fetch(reader, files)
+    for i in (3, 7):
+        assert isinstance(got[i], ReadError) and (got[i].index, got[i].path) == (i, files[i])
+        assert isinstance(got[i].__cause__, OSError) and got[i].__cause__.errno == errno.EIO
+    assert [g for i, g in enumerate(got) if i not in (3, 7)] == contents(files[:3] + files[4:7] + files[8:])
+    assert retried == []
+    assert hook.tries() == {p: 1 for p in files}
+
+
+def test_a_file_failing_transiently_for_good_in_a_group_fails_alone(files: list[str]) -> None:
+    """Every try of a file in the middle of a group fails with EIO: it is tried ``retries``
+    more times (each counted), then is a ReadError of its own; the others are read once."""
+    retried: list[str] = []
+    hook = Recording(fail_always={files[10]})
+    reader = never_slow(FileReader(64, read=hook, retries=2, on_retry=lambda path, exc: retried.append(path)))
+    got = fetch(reader, files)
+    assert isinstance(got[10], ReadError) and (got[10].index, got[10].path) == (10, files[10])
+    assert isinstance(got[10].__cause__, OSError) and got[10].__cause__.errno == errno.EIO
+    assert got[:10] + got[11:] == contents(files[:10] + files[11:])
+    assert retried == [files[10]] * 2
+    assert hook.tries() == {p: 3 if p == files[10] else 1 for p in files}
 
 
 def test_failures_land_on_their_own_samples(files: list[str], tmp_path: Path) -> None:

@@ -69,12 +69,15 @@ class Groups:
         timeout: float | None,
         whole_local: bool,
         io_concurrency: int,
-    ) -> tuple[list[Source | SampleError], OSError | None]:
+    ) -> tuple[list[Source | SampleError | OSError], dict[int, OSError]]:
         """The first files of ``items`` (``(index, path)``), read in groups while reads are
-        fast, each as the sample's bytes or its :class:`SampleError`; and the transient error
-        (to be retried) of the file after them, if that is where the groups stopped. The rest
+        fast, each as the sample's bytes or its :class:`SampleError`, or as the transient
+        ``OSError`` of its first try; and those transient errors by position, for the caller
+        to retry (each one that try of the file's ``read_retries``). The groups go on past
+        a transient error: the files after it are kept, not read again. The rest of ``items``
         are the caller's, one per hop. ``whole_local``: whole local files only."""
-        done: list[Source | SampleError] = []
+        done: list[Source | SampleError | OSError] = []
+        failed: dict[int, OSError] = {}
         slow = False  # a group stopped at a slow read: the rest go one per hop
         while len(done) < len(items) and not slow:
             way = route(
@@ -95,10 +98,11 @@ class Groups:
                 if (type(res) is bytes and res) or (type(res) is tuple and res[1]):
                     done.append(res)  # the common case first: a file read whole
                 elif isinstance(res, OSError) and res.errno in TRANSIENT:
-                    return done, res
+                    failed[len(done)] = res
+                    done.append(res)
                 else:
                     done.append(checked(res, path, index, io_concurrency))
-        return done, None
+        return done, failed
 
     async def read(
         self, way: Route, paths: list[str], arena: Arena | None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from aiofiles.os import wrap
 
@@ -185,19 +185,25 @@ class FileReader:
         local = self.remote is None or all("://" not in path for _, path in items)
         local = local or not any(is_remote(path) for _, path in items)
         whole = spans is None or all(s is None for s in spans)
-        # ``failed``: a transient error where the groups stopped, retried below.
+        # ``failed``: the files whose try in a group failed with a transient error, by
+        # position; each is tried again below, that try charged to its ``retries`` (and
+        # counted), alongside the files the groups left over.
         done, failed = await self.groups.fetch(items, arena, timeout, local and whole, self.io_concurrency)
         start = len(done)
-        if start < len(items):
-            singles = [
-                self._fetch_or_error(
-                    path, index, arena, timeout, failed if i == start else None, spans[i] if spans else None
+        if failed or start < len(items):
+            again = [*failed, *range(start, len(items))]
+            got = await asyncio.gather(
+                *(
+                    self._fetch_or_error(
+                        items[i][1], items[i][0], arena, timeout, failed.get(i), spans[i] if spans else None
+                    )
+                    for i in again
                 )
-                for i, (index, path) in enumerate(items)
-                if i >= start
-            ]
-            done.extend(await asyncio.gather(*singles))
-        return done
+            )
+            for i, res in zip(failed, got[: len(failed)], strict=True):
+                done[i] = res
+            done.extend(got[len(failed) :])
+        return cast("list[Source | SampleError]", done)  # every OSError replaced above
 
     async def _fetch_or_error(
         self,
