@@ -240,7 +240,8 @@ def test_bench_refuses_a_setting_that_is_neither_a_number_nor_auto(
 
 def test_bench_cache_prints_epoch_one_filling_beside_epoch_two_served(image_folder: Path) -> None:
     """``--cache memory``: two whole epochs, the first filling the cache, the second served
-    from it (every sample a hit), side by side; ``--json`` gives the same figures as keys."""
+    from it (every sample a hit), side by side; the loader's progress bars say "epoch 1" and
+    "epoch 2" as the report does; ``--json`` gives the same figures as keys."""
     argv = ["bench", str(image_folder), "--cache", "memory", "--workers", "1", "--batch-size", "8"]
     proc = subprocess.run(
         [sys.executable, "-m", "aioloader", *argv, "--max-side", "48"],
@@ -257,6 +258,7 @@ def test_bench_cache_prints_epoch_one_filling_beside_epoch_two_served(image_fold
     assert re.search(r"epoch 2 \(served\) +\d+ +[\d.]+ +30 +0 ", out), out
     assert "epoch 2 / epoch 1: " in out and "(30 hits in epoch 2, " in out
     assert "cache 100%" in proc.stderr  # the loader's own bar, epoch 2's
+    assert set(re.findall(r"epoch \d+(?=:)", proc.stderr)) == {"epoch 1", "epoch 2"}, proc.stderr
 
     proc = subprocess.run(
         [sys.executable, "-m", "aioloader", *argv, "--json", "--cache-max-bytes", "1M"],

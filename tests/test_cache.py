@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,61 @@ def test_a_disk_cache_is_reused_by_the_next_loader(
         stats = second.stats.cache
     assert reads(log) == [] and again == filled
     assert stats is not None and (stats.hits, stats.misses, stats.stored) == (N, 0, 0)
+
+
+class SlowWrites:
+    """A read hook that makes every disk-cache write after it take ``seconds`` longer, in the
+    process that reads (the trainer's, or the loader process): the last writes land while
+    the loader closes, after the last batch (and, in-process, after ``aclose``'s second)."""
+
+    lock = threading.Lock()
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, path: str) -> bytes:
+        from aioloader.cache.diskstore import DiskStore
+
+        with self.lock:
+            put = DiskStore.put
+            if not getattr(put, "slowed", False):
+                seconds = self.seconds
+
+                def slow(store: DiskStore, key: str, data: bytes | memoryview) -> bool:
+                    time.sleep(seconds)
+                    return put(store, key, data)
+
+                slow.slowed = True  # type: ignore[attr-defined]
+                DiskStore.put = slow  # type: ignore[method-assign]
+        return Path(path).read_bytes()
+
+
+def test_stats_after_close_count_every_write_that_landed(
+    files: list[str], loader_process: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once ``close()`` returns, ``stats.cache`` counts the writes that landed while it
+    closed (on the cache's writer threads, in the loader process too): ``stored`` and
+    ``entries`` are the entry files on disk. Writes not begun by then are dropped, not
+    counted."""
+    from aioloader.cache.diskstore import DiskStore
+
+    monkeypatch.setattr(DiskStore, "put", DiskStore.put)  # put back after the test (in-process)
+    folder = tmp_path / "cache"
+    loader = Loader(
+        files[:4],
+        batch_size=4,
+        decode=decode_number,
+        num_workers=1,
+        read=SlowWrites(1.7),
+        loader_process=loader_process,
+        cache=Cache(directory=folder),
+    )
+    with loader:
+        assert sorted(epoch(loader, 0)) == [0, 1, 2, 3]
+    stats = loader.stats.cache
+    on_disk = sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".tmp-"))
+    assert stats is not None and on_disk >= 1
+    assert (stats.stored, stats.entries, stats.bytes_held) == (on_disk, on_disk, on_disk * entry_size(folder))
 
 
 def test_a_changed_source_is_read_again(

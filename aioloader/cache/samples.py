@@ -85,6 +85,9 @@ class SampleCache:
         self.ids = Identities(settings.fingerprint, self._pool, disk=self._disk is not None)
         self.stats = CacheStats(max_bytes=max_bytes)
         self._writing: dict[str, asyncio.Future[bool]] = {}
+        #: The same writes as the writer threads run them: :meth:`close` counts those that
+        #: landed once the loop no longer could (each write counted once, by whoever pops it).
+        self._jobs: dict[str, Future[bool]] = {}
         self._warned: set[str] = set()
 
     @property
@@ -207,8 +210,10 @@ class SampleCache:
         if key in self._writing:  # the same file twice in flight (a repeated sample)
             return
         # Copied now: the batch's arena the bytes may lie in is reused once it is decoded.
-        fut = asyncio.wrap_future(self._writer.submit(self._write, key, bytes(data)))
+        job = self._writer.submit(self._write, key, bytes(data))
+        fut = asyncio.wrap_future(job)
         self._writing[key] = fut
+        self._jobs[key] = job
         fut.add_done_callback(lambda f: self._written(key, f))
 
     def _write(self, key: str, data: bytes) -> bool:
@@ -219,7 +224,7 @@ class SampleCache:
 
     def _written(self, key: str, fut: asyncio.Future[bool]) -> None:
         self._writing.pop(key, None)
-        if fut.cancelled():
+        if self._jobs.pop(key, None) is None or fut.cancelled():  # None: counted by close
             return
         exc = fut.exception()
         if exc is None:
@@ -256,8 +261,16 @@ class SampleCache:
             await asyncio.wait(list(self._writing.values()), timeout=timeout)
 
     def close(self, grace: float = 2.0) -> None:
-        """Stop the cache's threads; give a memory cache's memory back."""
+        """Stop the cache's threads (the writes under way finish within ``grace``, those not
+        begun are dropped) and count the writes that landed since the loop last could, so
+        the last :class:`CacheStats` published holds every entry written; give a memory
+        cache's memory back. Once the loop stopped (or on it, from its last coroutine)."""
         self._pool.shutdown(wait=True, cancel_futures=True, grace=grace)
         self._writer.shutdown(wait=True, cancel_futures=True, grace=grace)
+        for key in list(self._jobs):
+            job = self._jobs.pop(key, None)
+            self._writing.pop(key, None)
+            if job is not None and job.done() and not job.cancelled() and job.exception() is None:
+                self._done(bool(job.result()), True)
         if self._memory is not None:
             self._memory.close()

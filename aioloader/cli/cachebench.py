@@ -5,7 +5,8 @@ over the epoch (from its first request of a batch to its last batch; the loader 
 before, so its start-up is left out of both), the cache's hits and misses in that epoch and
 the bytes it holds at its end; then epoch 2's rate over epoch 1's. ``--max-side N`` keeps
 images downscaled (``Cache(max_side=N)``), ``--cache-max-bytes`` bounds the cache. A disk
-cache that earlier runs filled serves epoch 1 too: its hits say so.
+cache that earlier runs filled serves epoch 1 too: its hits say so. The loader's progress
+bars are labelled as the report is: its epochs are set to 1 and 2 (``set_epoch``).
 """
 
 from __future__ import annotations
@@ -114,9 +115,12 @@ class CacheBenchResult:
 
 
 def _epoch(loader: Loader, number: int) -> EpochFigures:
-    """Iterate one whole epoch of ``loader`` (started) and take its figures."""
+    """Iterate one whole epoch of ``loader`` (started) and take its figures. The loader's
+    epoch is ``number`` too (``set_epoch``), so its progress bar says what the report says:
+    "epoch 1", then "epoch 2"."""
     before = loader.stats
     old = before.cache
+    loader.set_epoch(number)
     t0 = time.perf_counter()
     for _ in loader:
         pass

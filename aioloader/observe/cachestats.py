@@ -21,7 +21,8 @@ class CacheStats:
     started, plus what this loader added); ``max_bytes``: its bound; ``over_bound``:
     misses not kept because the bound was reached (each time one is read); ``rejected``:
     entries found cut short or damaged (read again from the source); ``epoch_hits``,
-    ``epoch_misses``: this epoch's."""
+    ``epoch_misses``: this epoch's. A disk cache's writes land behind the batches: ``stored``,
+    ``entries`` and ``bytes_held`` count every one that landed once ``close()`` returned."""
 
     hits: int = 0
     misses: int = 0

@@ -13,7 +13,7 @@ Two channels join it to the trainer (:mod:`aioloader.run.procruntime`)::
     trainer --- control Connection: ("run", id, epoch, resume, restore) ("cancel", id)
                 ("close",) --->  loader
     trainer <-- the same Connection: ("ready",) ("item", id, ...) ("end", id, ...)
-                ("fail", id, ...) ("log", record) -------------------------------  loader
+                ("fail", id, ...) ("log", record) ("closed", cache) -------------  loader
     trainer --- back pipe, one os.write per line: b"R <slab>" (a batch's views are all
                 garbage) b"C <id>" (the bridge took an item: one more may be sent) --->
 
@@ -212,6 +212,12 @@ class Host:
             self.parts.close(grace=1.0)
             # Bounded: the trainer reads what is still sent while it waits for this process.
             self._sender.shutdown(wait=True, cancel_futures=True, grace=1.0)
+            # Last: the sample cache's counts as closing left them (its last writes landed
+            # after the last batch's counts were sent), for the trainer's stats.
+            try:
+                self.send(("closed", self.counters.cache))
+            except OSError:  # the trainer is gone
+                pass
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:

@@ -332,10 +332,11 @@ class ProcessRuntime(runtime.RuntimeBase):
             ready = connection.wait([conn, self.proc.sentinel], timeout=0.1)
             if conn in ready:
                 try:
-                    conn.recv_bytes()
+                    data = conn.recv_bytes()
                 except (EOFError, OSError):
                     self.proc.join(max(0.0, deadline - time.monotonic()))
                     break
+                self._closing(data)
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(5.0)
@@ -344,6 +345,17 @@ class ProcessRuntime(runtime.RuntimeBase):
             if self.proc.exitcode != 0:  # it could not close: killed, or crashed
                 _remove_leftovers(self.proc.pid)
             self.proc.close()
+
+    def _closing(self, data: bytes) -> None:
+        """A message the loader process sent while closing: the sample cache's last counts
+        are taken (its writes that landed after the last batch); the rest (batches nobody
+        takes) is dropped."""
+        try:
+            msg = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - a batch that cannot be read here is dropped anyway
+            return
+        if msg[0] == "closed" and msg[1] is not None:
+            self.counters.cache = msg[1]
 
 
 def _remove_leftovers(pid: int | None) -> None:
