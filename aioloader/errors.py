@@ -6,9 +6,9 @@ One hierarchy; catch :class:`LoaderError` to catch everything the loader itself 
     ├── LoaderClosedError        the loader was used after close()/aclose()
     ├── SampleError              one sample failed (.path, .index)
     │   ├── ReadError            reading the file failed (missing, permission, empty, I/O)
-    │   ├── DecodeError          the decode function raised in a worker process
+    │   ├── DecodeError          decode raised in a worker, or killed its worker twice
     │   └── LoaderTimeoutError   a read or decode outlived sample_timeout
-    └── WorkerCrashedError       a decode worker process died (signal, os._exit)
+    └── WorkerCrashedError       decode workers could not start, or crashed past max_worker_restarts
 
 Bad constructor arguments are plain ``ValueError``/``TypeError`` whose message shows the
 value (``batch_size=0 must be a positive integer``). A :class:`SampleError` chains the
@@ -68,7 +68,9 @@ class ReadError(SampleError):
 
 
 class DecodeError(SampleError):
-    """The decode function raised in a worker process.
+    """The decode function raised in a worker process, or the sample killed its worker
+    twice (a poison sample); with ``ImageDecoder(device=...)``, also a JPEG that neither the
+    device nor Pillow could decode.
 
     ``worker_traceback`` is the formatted traceback from the worker; the original
     exception (same type and message) is the ``__cause__``.
@@ -82,4 +84,7 @@ class LoaderTimeoutError(SampleError):
 
 
 class WorkerCrashedError(LoaderError):
-    """A decode worker process died while samples were in flight."""
+    """The decode worker processes are gone for good: they could not be started, or one
+    died (a signal, ``os._exit``) after the pool was already rebuilt ``max_worker_restarts``
+    times over the loader's life. A crash before that only rebuilds the pool (counted in
+    ``stats.worker_restarts``). It ends the loader whatever ``on_error`` says."""

@@ -36,8 +36,8 @@ from aioloader.config import usable_cpus
 
 
 def dataloader_rate(files: FileDataset, latency_ms: float, seconds: float, workers: int) -> float:
-    """DataLoader's samples/s over ``seconds`` after its first batch (longer where it
-    delivered no batch after its first in that time)."""
+    """DataLoader's samples/s over ``seconds`` after its first batch, as a setting of the
+    sweep is measured."""
     read = TimedRead(latency_ms)
     peer = DataLoader(
         PeerDataset(files, random_crop, read=read),
@@ -46,12 +46,7 @@ def dataloader_rate(files: FileDataset, latency_ms: float, seconds: float, worke
         num_workers=workers,
         persistent_workers=True,
     )
-    samples, took = 0, 0.0
-    for _ in range(4):  # its first batch alone may outlast ``seconds`` on slow storage
-        samples, took, _ = measure(peer, seconds, batch_len, "DataLoader")
-        if samples:
-            break
-        seconds *= 2
+    samples, took, _ = measure(peer, seconds, batch_len, "DataLoader", after_first=True)
     del peer
     return samples / took if took > 0 else 0.0
 

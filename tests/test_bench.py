@@ -9,14 +9,17 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers import script_env
+from helpers import decode_number, script_env
 
+from aioloader import FileDataset, Loader
 from aioloader.cli import main
 from aioloader.cli.args import byte_size
-from aioloader.cli.tune import IO_SWEEP, worker_sweep
+from aioloader.cli.tune import IO_SWEEP, Setting, format_tune, tune, worker_sweep
 from aioloader.config import usable_cpus
 from aioloader.observe.trace import chrome_trace, lanes
 
@@ -211,6 +214,36 @@ def test_bench_tune_sweeps_both_settings_and_reports_what_auto_chose(
     assert main([*argv, "--tune", "--tune-seconds", "0.2"]) == 0
     out = capsys.readouterr().out
     assert "best fixed: io_concurrency=" in out and "auto chose io_concurrency=" in out
+
+
+class SlowStart:
+    """Decode numbered files; each process's first decode sleeps ``seconds`` first: a loader
+    whose first batch takes longer than a setting of a short sweep."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = False
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        if not self.started:
+            self.started = True
+            time.sleep(self.seconds)
+        return decode_number(data)
+
+
+def test_tune_runs_each_setting_for_its_seconds_after_its_first_batch(numbered: list[str]) -> None:
+    """As the report's header says ("N s per setting after its first batch"): a first batch
+    that takes longer than N s (start-up, which the sweep does not compare) still leaves the
+    setting its N s, and a rate."""
+    ds = FileDataset(numbered)
+
+    def make(io: Setting, workers: Setting) -> Loader:
+        return Loader(ds, batch_size=4, decode=SlowStart(0.6), io_concurrency=io, num_workers=workers)
+
+    tuned = tune(make, 1, 0.3, ios=(8,))
+    assert [(t["io_concurrency"], t["num_workers"]) for t in tuned["trials"]] == [("auto", "auto"), (8, 1)]
+    assert all(t["samples_per_s"] > 0 for t in tuned["trials"]), tuned["trials"]
+    assert format_tune(tuned)[0] == "  tuning (0.3 s per setting after its first batch, median of 1):"
 
 
 def test_worker_sweep() -> None:

@@ -11,6 +11,7 @@ shapes, dtype, labels, order, crop windows and pixels. The CUDA batch decoder ha
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from PIL import Image
 
 import aioloader
-from aioloader import DecodeError, FileDataset, Loader
+from aioloader import DecodeError, FileDataset, Loader, LoaderError, SampleError
 from aioloader.arguments import check_device_decode
 from aioloader.collate import default_collate
 from aioloader.decode import ondevice
@@ -121,25 +122,76 @@ def test_a_jpeg_cut_short_fails_as_on_the_cpu(tmp_path: Path, on_error: str, loa
 @RUNTIMES
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_a_jpeg_the_screening_passes_but_neither_decodes(
-    tmp_path: Path, on_error: str, loader_process: bool
+    tmp_path: Path, on_error: str, loader_process: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Cut short and given an end marker, it passes the screening and reaches the bridge;
     neither decoder can decode it: with "raise" a DecodeError naming it; with "skip" its row
     is left out, labels too."""
-    root = make_image_folder(tmp_path / "cut", num_images=16, num_classes=2, size=(96, 72))
-    bad = root / "class_01" / "img_000003.jpg"
-    bad.write_bytes(bad.read_bytes()[:400] + b"\xff\xd9")
-    assert not_on_device(jpeg_header(bad.read_bytes()), complete=jpeg_complete(bad.read_bytes())) is None
+    root, bad = undecodable_on_the_bridge(tmp_path, 16)
     if on_error == "raise":
         with pytest.raises(DecodeError, match="img_000003"):
             load(root, decoder("cpu"), loader_process=loader_process)
         return
     expected, _ = load(root, decoder(None), on_error="skip", loader_process=loader_process)
+    caplog.clear()
     got, stats = load(root, decoder("cpu"), on_error="skip", loader_process=loader_process)
     same(got, expected)
     assert sum(len(y) for _, y in got) == 15
     assert stats.device_decode is not None
     assert stats.device_decode.fallbacks.get("undecodable, skipped") == 1
+    # Judged by the loader's failure policy, as a sample the CPU workers fail.
+    assert (stats.failures, stats.failures_by_reason) == (1, {"DecodeError": 1})
+    assert stats.last_failed_paths == (str(bad),)
+    warned = [
+        r.getMessage() for r in caplog.records if r.name == "aioloader" and r.levelno == logging.WARNING
+    ]
+    assert len(warned) == 1 and warned[0].startswith("skipped ") and warned[0].count(str(bad)) == 1
+
+
+def undecodable_on_the_bridge(
+    tmp_path: Path, num_images: int, name: str = "class_01/img_000003.jpg"
+) -> tuple[Path, Path]:
+    """A folder with one JPEG, ``name``, cut short and given an end marker: it passes the
+    screening, and neither the batch decoder nor Pillow decodes it."""
+    root = make_image_folder(tmp_path / "cut", num_images=num_images, num_classes=2, size=(48, 36))
+    bad = root / name
+    bad.write_bytes(bad.read_bytes()[:400] + b"\xff\xd9")
+    assert not_on_device(jpeg_header(bad.read_bytes()), complete=jpeg_complete(bad.read_bytes())) is None
+    return root, bad
+
+
+@RUNTIMES
+@pytest.mark.parametrize("limit", [0, 0.005])
+def test_max_failures_judges_what_the_bridge_skips(
+    tmp_path: Path, limit: float, loader_process: bool
+) -> None:
+    """A count is judged at the failure; a fraction also at the epoch's end (the loader's
+    side has finished the epoch before the bridge decodes its last batches)."""
+    root, _ = undecodable_on_the_bridge(tmp_path, 104)
+    kw: dict[str, Any] = {"on_error": "skip", "max_failures": limit, "loader_process": loader_process}
+    with pytest.raises(LoaderError, match="too many failed samples: 1 of") as info:
+        load(root, decoder("cpu"), **kw)
+    assert not isinstance(info.value, SampleError)
+
+
+@RUNTIMES
+def test_a_fraction_is_judged_at_the_epoch_end(tmp_path: Path, loader_process: bool) -> None:
+    """The first sample fails on the bridge while fewer than 100 were attempted, none after
+    it: the fraction is judged when 100 were (in this process), or at the epoch's end,
+    counting it (a loader process has ended its epoch without knowing of it)."""
+    root, _ = undecodable_on_the_bridge(tmp_path, 104, "class_00/img_000000.jpg")
+    ds = FileDataset.from_folder(root)
+    kw: dict[str, Any] = {"on_error": "skip", "max_failures": 0.005, "loader_process": loader_process}
+    got = []
+    with Loader(
+        ds, batch_size=8, decode=decoder("cpu"), shuffle=False, io_concurrency=1, prefetch=1, **kw
+    ) as loader:
+        it = iter(loader)
+        got.append(next(it))
+        assert loader.stats.failures == 1 and loader.stats.attempted < 100
+        with pytest.raises(LoaderError, match=r"too many failed samples: 1 of 10[04] attempted"):
+            got.extend(it)
+    assert len(got[0][1]) == 7 and sum(len(y) for _, y in got) <= 103
 
 
 def test_resume_mid_epoch(mixed: Path) -> None:

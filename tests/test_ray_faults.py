@@ -109,7 +109,7 @@ class StuckInC:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_decode_stuck_past_sample_timeout_is_cancelled_and_a_timeout(
-    frontend: Driver, numbered: list[str]
+    frontend: Driver, numbered: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The task holding sample 2 cannot be interrupted: past sample_timeout x its samples +
     STUCK_GRACE the loader cancels it with force=True (a chunk of several would be split and
@@ -123,3 +123,8 @@ def test_a_decode_stuck_past_sample_timeout_is_cancelled_and_a_timeout(
         stats = loader.stats
     assert stats.failures_by_reason == {"LoaderTimeoutError": 1}
     assert stats.last_failed_paths == (numbered[2],)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped ")]
+    assert said == [
+        "skipped decode took longer than sample_timeout=0.5s and its Ray task was cancelled "
+        f"(sample 2: {numbered[2]!r})"
+    ]

@@ -1,7 +1,9 @@
 """Loaders iterated for a time, as ``aioloader bench`` and its ``--tune`` sweep measure them:
 samples after the first batch over the seconds after it (so start-up is reported apart, as
 the first batch's time), and ``torch.utils.data.DataLoader`` on the same files and decode for
-``--compare torch``."""
+``--compare torch``. The main run's time counts from the start (``--seconds``: how long to
+load); a ``--tune`` setting's from its first batch, so that each setting is measured for as
+long, whatever its start-up took."""
 
 from __future__ import annotations
 
@@ -18,29 +20,36 @@ if TYPE_CHECKING:
 __all__ = ["Measured", "TorchFiles", "batch_len", "compare_torch", "measure", "measure_loader"]
 
 
-def measure(loader: Any, seconds: float, count: Any, label: str) -> tuple[int, float, float | None]:
-    """Iterate ``loader`` epoch after epoch for ``seconds``, a progress bar on stderr:
-    (samples after the first batch, seconds after it, seconds to the first batch);
-    ``count(batch)`` says how many samples a batch holds."""
+def measure(
+    loader: Any, seconds: float, count: Any, label: str, *, after_first: bool = False
+) -> tuple[int, float, float | None]:
+    """Iterate ``loader`` epoch after epoch for ``seconds`` (from the start, or with
+    ``after_first`` from the first batch), a progress bar on stderr: (samples after the
+    first batch, seconds after it, seconds to the first batch); ``count(batch)`` says how
+    many samples a batch holds."""
     from aioloader.observe.progressbar import _quiet_tqdm
 
     bar = _quiet_tqdm()(total=round(seconds), desc=label, unit="s", file=sys.stderr, leave=False)
     t0 = time.perf_counter()
     first: float | None = None
     samples = 0
+
+    def elapsed(now: float) -> float:  # of the seconds to run
+        return now - (first if after_first and first is not None else t0)
+
     try:
-        while time.perf_counter() - t0 < seconds:
+        while elapsed(time.perf_counter()) < seconds:
             for batch in loader:
                 now = time.perf_counter()
                 if first is None:
                     first = now
                 else:
                     samples += count(batch)
-                ahead = min(round(seconds), int(now - t0)) - bar.n
+                ahead = min(round(seconds), int(elapsed(now))) - bar.n
                 if ahead > 0 and first is not None:
                     bar.set_postfix_str(f"{samples / max(now - first, 1e-9):.0f} samples/s", refresh=False)
                     bar.update(ahead)  # tqdm redraws at most every 0.1 s
-                if now - t0 >= seconds:
+                if elapsed(now) >= seconds:
                     break
     finally:
         bar.close()
@@ -70,9 +79,12 @@ class Measured:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
-def measure_loader(loader: Loader, seconds: float, label: str, tracer: Any = None) -> Measured:
-    """Open ``loader`` and iterate it for ``seconds`` with a progress bar (samples and bytes
-    counted from its stats, so any batch structure is right)."""
+def measure_loader(
+    loader: Loader, seconds: float, label: str, tracer: Any = None, *, after_first: bool = False
+) -> Measured:
+    """Open ``loader`` and iterate it for ``seconds`` (``after_first``: see :func:`measure`)
+    with a progress bar (samples and bytes counted from its stats, so any batch structure is
+    right)."""
     with loader:
         if tracer is not None:
             for meter in loader._counters.meters.values():
@@ -87,7 +99,7 @@ def measure_loader(loader: Loader, seconds: float, label: str, tracer: Any = Non
             marks.append((now.samples, now.bytes_read))
             return done
 
-        samples, took, first = measure(loader, seconds, count, label)
+        samples, took, first = measure(loader, seconds, count, label, after_first=after_first)
         stats = loader.stats
     return Measured(samples, took, first, marks[-1][1] - marks[0][1] if marks else 0, stats)
 

@@ -4,9 +4,10 @@ another, to find the best, next to a loader left on ``"auto"`` and what it chose
 The sweep is a coordinate search, not the whole grid (which on 12 cores would be 80 runs):
 ``io_concurrency`` over :data:`IO_SWEEP` with every usable CPU decoding, then
 ``num_workers`` over :func:`worker_sweep` at the best ``io_concurrency``. Each setting runs
-for ``seconds`` after its first batch, start-up excluded (what the trainer sees once the
-loader is warm); ``rounds`` repeats the whole sweep and keeps each setting's median, for
-machines whose speed drifts.
+for ``seconds`` after its first batch, however long that took, and its rate counts the
+batches in them: start-up is excluded (it is not what these settings tune; the trainer sees
+the rate once the loader is warm). ``rounds`` repeats the whole sweep and keeps each
+setting's median, for machines whose speed drifts.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def tune(
     chose: list[list[int]] = []
 
     def run(io: Setting, workers: Setting) -> None:
-        got = measure_loader(make(io, workers), seconds, f"io_concurrency={io}, num_workers={workers}")
+        label = f"io_concurrency={io}, num_workers={workers}"
+        got = measure_loader(make(io, workers), seconds, label, after_first=True)
         rates.setdefault((io, workers), []).append(got.rate)
         if io == "auto":
             chose.append([got.stats.io_concurrency, got.stats.num_workers])

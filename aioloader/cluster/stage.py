@@ -141,7 +141,7 @@ class RayDecodeStage:
             for row in nxt.timed_out:
                 index = by_row[row][1]
                 outcomes[row] = LoaderTimeoutError(
-                    f"decode took longer than sample_timeout={self._timeout}s (its Ray task was cancelled)",
+                    f"decode took longer than sample_timeout={self._timeout}s and its Ray task was cancelled",
                     path=self._path_of(index),
                     index=index,
                 )

@@ -1,5 +1,6 @@
 """The failure policy: what a failed sample does to the epoch (``on_error``,
-``max_failures``), in one object per loader.
+``max_failures``), in one object per loader (and one more on the trainer's side for the
+device decode's failures, when a loader process runs the pipeline: :mod:`aioloader.run.devdecode`).
 
 Under ``on_error="raise"`` a :class:`~aioloader.SampleError` goes to the trainer in its
 batch's place. Under ``"skip"`` the sample is left out, counted in ``loader.stats``, and

@@ -127,6 +127,8 @@ class Counters:
         self.bytes_read = 0
         self.wait_seconds = 0.0
         self.failures: Counter[str] = Counter()
+        # A loader process's failures as last absorbed: added to this side's (the bridge's).
+        self._absorbed_failures: Counter[str] = Counter()
         self.failed_paths: deque[str] = deque(maxlen=8)
         self.read_retries = 0
         self.worker_restarts = 0
@@ -298,15 +300,7 @@ class Counters:
             if self.cluster is None:
                 self._cluster_since = now - round_trip
             c = self.cluster or ClusterStats()
-            self.cluster = ClusterStats(
-                c.tasks + 1,
-                c.samples + samples,
-                c.round_trip_seconds + round_trip,
-                c.decode_seconds + decode,
-                c.read_seconds + read,
-                slots,
-                now - self._cluster_since,
-            )
+            self.cluster = c.add_task(slots, samples, round_trip, decode, read, now - self._cluster_since)
 
     def retried(self) -> None:
         with self._lock:
@@ -316,7 +310,7 @@ class Counters:
         """Carry totals over from a resumed run's state."""
         with self._lock:
             self.samples, self.batches, self.attempted = samples, batches, attempted
-            self.failures = Counter(failures)
+            self.failures, self._absorbed_failures = Counter(failures), Counter(failures)
             self.restores += 1
 
     def restore_failures(self, failures: dict[str, int], attempted: int) -> None:
@@ -342,14 +336,18 @@ class Counters:
         return (*counts, stages, side, cache)
 
     def absorb(self, counts: LoaderSide) -> None:
-        """Take over what a loader process counted (:meth:`loader_side`)."""
+        """Take over what a loader process counted (:meth:`loader_side`), its new failures
+        added to those counted on this side (the device decode's, on the bridge)."""
         bytes_read, attempted, failures, paths, retries, restarts, stages, device, cache = counts
+        theirs = Counter(failures)
         with self._lock:
             self.cache = cache
             self._absorbed = stages
             self.bytes_read, self.attempted = bytes_read, attempted
-            self.failures = Counter(failures)
-            self.failed_paths = deque(paths, maxlen=8)
+            new = theirs.total() - self._absorbed_failures.total()
+            self.failures = self.failures + theirs - self._absorbed_failures
+            self._absorbed_failures = theirs
+            self.failed_paths.extend(paths[-new:] if new > 0 else ())
             self.read_retries, self.worker_restarts = retries, restarts
             if device is not None:
                 self.device = with_loader_side(self.device, device)

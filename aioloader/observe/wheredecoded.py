@@ -80,6 +80,21 @@ class ClusterStats:
         span = self.elapsed_seconds * self.slots
         return min(1.0, (self.decode_seconds + self.read_seconds) / span) if span > 0 else 0.0
 
+    def add_task(
+        self, slots: int, samples: int, round_trip: float, decode: float, read: float, elapsed: float
+    ) -> ClusterStats:
+        """These counts with one more task's (see :meth:`Counters.cluster_task
+        <aioloader.observe.stats.Counters.cluster_task>`); ``elapsed``: the new wall time."""
+        return ClusterStats(
+            self.tasks + 1,
+            self.samples + samples,
+            self.round_trip_seconds + round_trip,
+            self.decode_seconds + decode,
+            self.read_seconds + read,
+            slots,
+            elapsed,
+        )
+
     def __str__(self) -> str:
         per = 1e3 / self.samples if self.samples else 0.0
         return (

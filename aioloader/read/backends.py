@@ -3,8 +3,9 @@
 - :class:`FsspecBackend`: fsspec's asynchronous filesystems (s3fs on aiobotocore, gcsfs,
   adlfs, aiohttp for HTTP), awaited on the loader's loop. Serves every protocol fsspec knows.
 - :class:`ObstoreBackend`: obstore (Rust's ``object_store`` on its own tokio threads), for
-  ``s3://`` and ``http(s)://``. It costs less CPU per read and keeps up at a thousand reads
-  in flight where aiohttp falls behind (``benchmarks/RESULTS.md`` §12).
+  ``s3://`` and ``http(s)://``. It serves more reads per second than aiohttp (1.3x at 256
+  in flight, 1.7x at a thousand) for about the same CPU per read (``benchmarks/RESULTS.md``
+  §13a).
 
 :func:`choose` picks one: ``storage_backend="auto"`` takes obstore where it is installed,
 serves the protocol, every storage option has an obstore name, and for S3 obstore can read

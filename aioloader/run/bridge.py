@@ -15,7 +15,7 @@ import threading
 from typing import Protocol
 
 from aioloader.base.items import Batch, End, Failure, Item
-from aioloader.errors import LoaderError, SampleError
+from aioloader.errors import LoaderError
 from aioloader.observe.stages import StageMeter
 from aioloader.run.devdecode import DeviceDecode
 from aioloader.run.device import DeviceCopier
@@ -138,7 +138,7 @@ class Bridge:
                 item.value = self.finish.finish(item.value, self.copier)
             item.value, item.event = self.copier.to_device(item.value)
             return item
-        except SampleError as exc:  # a sample the device decode could not decode
+        except LoaderError as exc:  # a sample the device decode could not decode, or one too many
             self.copier.settle_failed()
             return Failure(exc)
         except Exception as exc:  # noqa: BLE001
@@ -153,6 +153,8 @@ class Bridge:
                 if isinstance(item, Batch):
                     with self.meter.timed():
                         item = self._to_device(item)
+                elif isinstance(item, End) and self.finish is not None:
+                    item = self.finish.ended(item)
                 delivered = run.handoff.put(item)
                 # The copies of a batch read its slabs: they go back to the loader once those
                 # completed; the newest batch's may go on while the next one is fetched.

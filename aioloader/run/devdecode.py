@@ -13,15 +13,16 @@ batch's copy, :meth:`DeviceDecode.finish`, on the copier's side stream:
 
 The batch then goes on as any other: its labels copied, an event recorded after all of the
 side stream's work, the trainer's stream made to wait on it. A sample that neither decoder
-can decode is a :class:`~aioloader.DecodeError` naming its file: with ``on_error="raise"``
-the batch's failure; with ``"skip"`` its row is left out of the batch (logged once, and
-counted in ``stats.device_decode.fallbacks``). Samples left out here are not judged by
-``max_failures``, which the loader applies where it decodes.
+can decode is a :class:`~aioloader.DecodeError` naming its file, which goes through the
+loader's failure policy (:class:`~aioloader.engine.failures.FailurePolicy`) as any failed
+sample: with ``on_error="raise"`` the batch's failure; with ``"skip"`` its row is left out
+of the batch, counted in ``stats.failures`` (and in ``stats.device_decode.fallbacks``),
+logged once per file, and judged by ``max_failures`` (a fraction at the epoch's end too:
+:meth:`DeviceDecode.ended`).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,38 +30,38 @@ from typing import Any
 import numpy as np
 import torch
 
+from aioloader.base.items import End, Failure
 from aioloader.config import LoaderConfig
 from aioloader.decode.batchdec import BatchDecoder, batch_decoder_for
 from aioloader.decode.encoded import EncodedBatch
 from aioloader.decode.image import ImageDecoder
-from aioloader.errors import DecodeError
+from aioloader.engine.failures import FailurePolicy
+from aioloader.errors import DecodeError, LoaderError
 from aioloader.observe.stats import Counters, DeviceDecodeStats
 from aioloader.run.device import DeviceCopier
 
 __all__ = ["DeviceDecode", "device_decode_for"]
 
-log = logging.getLogger("aioloader")
-
 
 class DeviceDecode:
-    """The bridge's part of ``decoder`` on ``device`` (see the module docstring); ``make``
-    chooses the batch decoder (tests pass their own)."""
+    """The bridge's part of ``decoder`` on ``device`` (see the module docstring); ``policy``
+    judges the samples it cannot decode; ``make`` chooses the batch decoder (tests pass
+    their own)."""
 
     def __init__(
         self,
         decoder: ImageDecoder,
         device: torch.device,
         counters: Counters,
-        on_error: str,
+        policy: FailurePolicy,
         make: Callable[[ImageDecoder, torch.device], BatchDecoder] = batch_decoder_for,
     ) -> None:
         self.decoder = decoder
         self.device = device
         self._counters = counters
-        self._skip = on_error == "skip"
+        self.policy = policy
         self._make = make
         self.batch: BatchDecoder | None = None
-        self._warned: set[str] = set()
 
     def start(self) -> None:
         """On the bridging thread, its device bound."""
@@ -120,19 +121,40 @@ class DeviceDecode:
         return out, failed, dropped
 
     def _undecodable(self, path: str, index: int, exc: Exception) -> None:
-        err = DecodeError(f"cannot decode {path}: {type(exc).__name__}: {exc}", path=path, index=index)
-        if not self._skip:
-            raise err from exc
-        if path not in self._warned:
-            self._warned.add(path)
-            log.warning("aioloader: skipping %s: %s", path, err)
-        self._counters.device_decoded(0, 0.0, 0, undecodable=1)
+        """The policy's verdict on a sample neither decoder could decode: raised (the batch's
+        failure), or counted, logged once and left out."""
+        err = DecodeError(
+            f"decode failed on the device and again with Pillow: {type(exc).__name__}: {exc}",
+            path=path,
+            index=index,
+        )
+        err.__cause__ = exc
+        if self.policy.on_error == "skip":
+            # Kept by the policy as its latest failure: without the frames that hold the batch.
+            exc.__traceback__ = None
+            self._counters.device_decoded(0, 0.0, 0, undecodable=1)
+        self.policy.failed(err)
+
+    def ended(self, item: End) -> End | Failure:
+        """The epoch's end, or the :class:`~aioloader.LoaderError` of a fractional
+        ``max_failures`` over (in its place) with the failures counted here."""
+        try:
+            self.policy.epoch_ended()
+        except LoaderError as exc:
+            return Failure(exc)
+        return item
 
 
-def device_decode_for(config: LoaderConfig, counters: Counters) -> DeviceDecode | None:
-    """The bridge's device decode for a loader of ``config``, if its decoder asks for one."""
+def device_decode_for(
+    config: LoaderConfig, counters: Counters, policy: FailurePolicy | None = None
+) -> DeviceDecode | None:
+    """The bridge's device decode for a loader of ``config``, if its decoder asks for one;
+    ``policy``: the loader's failure policy where it runs in this process (its engine's), or
+    None for one of its own on the same ``counters`` (a loader process has the engine's)."""
     decoder = config.decode
     if not isinstance(decoder, ImageDecoder) or decoder.device is None:
         return None
     counters.device = DeviceDecodeStats()
-    return DeviceDecode(decoder, config.device, counters, config.on_error)
+    if policy is None:
+        policy = FailurePolicy(config.on_error, config.max_failures, counters)
+    return DeviceDecode(decoder, config.device, counters, policy)

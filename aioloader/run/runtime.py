@@ -201,7 +201,8 @@ class Runtime(RuntimeBase):
         self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
         self.copier = DeviceCopier(config.device, config.pin_memory)
-        self.bridge = Bridge(self.copier, counters.meters["transfer"], device_decode_for(config, counters))
+        finish = device_decode_for(config, counters, self.engine.policy)  # one policy for both
+        self.bridge = Bridge(self.copier, counters.meters["transfer"], finish)
         self.run: Run | None = None
 
     def _threads(self) -> tuple[threading.Thread, ...]:
