@@ -60,8 +60,9 @@ def bucket(folders: Path) -> Iterator[dict[str, str]]:
 
 
 def _command(s: Snippet, script: Path) -> list[str]:
+    """The command that runs ``script``, named by its relative path, as a user types it."""
     if s.lang == "bash":
-        return ["bash", "-e", str(script)]
+        return ["bash", "-e", script.name]
     if s.kind == "torchrun":
         return [
             sys.executable,
@@ -69,9 +70,9 @@ def _command(s: Snippet, script: Path) -> list[str]:
             "torch.distributed.run",
             "--standalone",
             "--nproc_per_node=2",
-            str(script),
+            script.name,
         ]
-    return [sys.executable, str(script)]
+    return [sys.executable, script.name]
 
 
 @pytest.mark.parametrize("snippet", [_param(s) for s in SNIPPETS])
