@@ -791,3 +791,17 @@ def lay_out_proc(tmp_path: Path, mountinfo: str, proc_cgroup: str, files: dict[s
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return proc
+
+
+def load_benchmark(name: str) -> Any:
+    """``benchmarks/<name>.py`` imported as the module ``name`` (benchmarks/ is no package),
+    so that tests can call its pure parts."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

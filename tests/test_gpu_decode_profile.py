@@ -5,18 +5,16 @@ machine would run."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
-from helpers import script_env
+from helpers import load_benchmark, script_env
 from PIL import Image
 from test_nvimgcodec import FakeCodec, FakeStream
 
@@ -27,16 +25,7 @@ from aioloader.decode.ondevice import sample_generator
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_decode_profile.py"
 
 
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_decode_profile", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_decode_profile"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-profile = load()
+profile = load_benchmark("gpu_decode_profile")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here: the script would run, not skip")

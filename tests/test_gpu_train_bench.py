@@ -4,7 +4,6 @@ with a stand-in model, for the logic a GPU machine would run."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -12,26 +11,17 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import script_env
+from helpers import load_benchmark, script_env
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPT = BENCHMARKS / "gpu_train.py"
 
 
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_train", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_train"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_train = load()
+gpu_train = load_benchmark("gpu_train")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here: the benchmark would run, not skip")
