@@ -299,9 +299,9 @@ def test_encoded_batch_from_a_mixed_column() -> None:
     a, b = b"\xff\xd8first", b"\xff\xd8second!"
     row = np.full((3, 4, 5), 7, dtype=np.uint8)
     column = [
-        EncodedImage(a, (0.0, 0.0, 4.0, 5.0), False, 10, "a.jpg", 4, 5),
+        EncodedImage(a, (0.0, 0.0, 5.0, 4.0), False, 10, "a.jpg", 4, 5, (4, 5), "bilinear"),
         row,
-        EncodedImage(b, (1.0, 1.0, 3.0, 3.0), True, 12, "b.jpg", 4, 5),
+        EncodedImage(b, (1.0, 1.0, 3.0, 3.0), True, 12, "b.jpg", 4, 5, (6, 7), "bilinear"),
     ]
     batch = default_collate([(s, i) for i, s in enumerate(column)])
     eb, labels = batch
@@ -312,6 +312,11 @@ def test_encoded_batch_from_a_mixed_column() -> None:
     assert bytes(eb.encoded(0)) == a and bytes(eb.encoded(1)) == b
     assert eb.flips.tolist() == [False, True] and eb.box(1) == (1.0, 1.0, 3.0, 3.0)
     assert eb.paths == ("a.jpg", "b.jpg")
+    # the resize's plan, made here: sizes, each axis's taps (out, K) per image, flips folded
+    assert eb.sizes.tolist() == [[4, 5], [6, 7]] and eb.across_first == 2
+    assert eb.xcoef.shape[:2] == (2, 5) and eb.ycoef.shape[:2] == (2, 4)
+    assert (eb.xcoef.sum(-1) == 1 << 22).all() and (eb.ycoef.sum(-1) == 1 << 22).all()
+    assert eb.xindex[1, 0].max() >= eb.xindex[1, -1].max()  # flipped: right to left
     with pytest.raises(ValueError, match="row 1"):
         EncodedBatch.of([column[0], np.zeros((3, 2, 2), dtype=np.uint8)])
 

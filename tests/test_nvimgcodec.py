@@ -1,10 +1,12 @@
 """The CUDA batch decoder (aioloader/decode/nvimgcodec.py).
 
-On the CPU: its pure helpers (the decode window, the box inside it, Pillow's resize
-reproduced in torch), the missing-library error, and its whole ``decode`` driven through a
-stand-in for nvImageCodec that decodes the asked region with Pillow (``FakeCodec``): windows,
-taps, grey images, flips and failures, checked against the CPU path's pixels. With a CUDA GPU
-(``@pytest.mark.cuda``): the same batch through the real nvImageCodec.
+On the CPU: the missing-library error, and its whole ``decode`` driven through a stand-in for
+nvImageCodec (``FakeCodec``) that decodes with Pillow and writes the pixels into the buffers
+it is given (``as_image`` + ``decode(..., images=)``), or into its own where ``images=`` is
+refused (an older nvImageCodec: one copy per image); then the batch's resize
+(aioloader/decode/resize.py), so that the result is checked against the CPU path's pixels:
+grey images, flips, failures. With a CUDA GPU (``@pytest.mark.cuda``): the same batch
+through the real nvImageCodec, and a decode on a GPU whose memory PyTorch's cache holds.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import torch
 from PIL import Image, ImageFile
 
 from aioloader import ImageDecoder
-from aioloader.decode.nvimgcodec import NvImageCodecDecoder, inner_box, resize_box, roi_window
+from aioloader.decode.nvimgcodec import NvImageCodecDecoder
+from aioloader.decode.resize import resize_batch
+from aioloader.decode.taps import plan_batch
 from aioloader.synthetic import make_image
 
 RESAMPLES = ["nearest", "bilinear", "bicubic", "lanczos"]
-SUPPORT = {"nearest": 0.0, "bilinear": 1.0, "bicubic": 2.0, "lanczos": 3.0}
 H, W = 40, 56
 
 
@@ -88,57 +91,10 @@ OK = [0, 1, 2, 6]  # the positions of batch() that decode
 BAD = [3, 4, 5]
 
 
-# -- pure helpers ----------------------------------------------------------------------------
-
-
-def test_roi_window_is_the_integer_window_holding_the_box() -> None:
-    assert roi_window((10.3, 5.7, 50.2, 40.0), 100, 80) == (10, 5, 51, 40)
-    assert roi_window((10.3, 5.7, 50.2, 40.0), 100, 80, (2.5, 3.0)) == (7, 2, 53, 43)
-    assert roi_window((-0.5, -2.0, 100.4, 80.0), 100, 80) == (0, 0, 100, 80)
-    assert roi_window((1.0, 1.0, 99.0, 79.0), 100, 80, (5.0, 5.0)) == (0, 0, 100, 80)
-    # never empty, never outside the image
-    assert roi_window((100.0, 80.0, 100.0, 80.0), 100, 80) == (99, 79, 100, 80)
-    assert roi_window((3.2, 4.0, 3.2, 4.0), 100, 80) == (3, 4, 4, 5)
-
-
-def test_inner_box_is_the_box_in_the_windows_pixels() -> None:
-    box = (10.3, 5.7, 50.2, 40.0)
-    assert inner_box(box, roi_window(box, 100, 80)) == pytest.approx((0.3, 0.7, 40.2, 35.0))
-    assert inner_box(box, (0, 0, 100, 80)) == box
-
-
-@pytest.mark.parametrize("resample", RESAMPLES)
-def test_resize_box_is_pillows_resize_with_box(resample: str) -> None:
-    """Within a level of Pillow (its fixed-point coefficients), nearest exactly; on the whole
-    image and on a window holding the box and the filter's reach, as the decoder crops."""
-    rng = np.random.default_rng(1)
-    for mode in ("RGB", "L"):
-        img = make_image(rng, 300, 200).convert(mode)
-        pixels = torch.from_numpy(np.array(img)).reshape(200, 300, -1)
-        for trial in range(25):
-            x0, y0 = rng.uniform(0, 250), rng.uniform(0, 150)
-            box = (x0, y0, rng.uniform(x0 + 0.5, 300), rng.uniform(y0 + 0.5, 200))
-            h, w = int(rng.integers(3, 150)), int(rng.integers(3, 150))
-            want = np.asarray(
-                img.convert("RGB").resize((w, h), getattr(Image.Resampling, resample.upper()), box=box)
-            )
-            if trial % 2:
-                reach = (box[2] - box[0]) / w, (box[3] - box[1]) / h
-                margin = (SUPPORT[resample] * max(reach[0], 1) + 1, SUPPORT[resample] * max(reach[1], 1) + 1)
-                win = roi_window(box, 300, 200, margin)
-                got = resize_box(
-                    pixels[win[1] : win[3], win[0] : win[2]], inner_box(box, win), h, w, resample
-                )
-            else:
-                got = resize_box(pixels, box, h, w, resample)
-            diff = np.abs(got.numpy().transpose(1, 2, 0).astype(int) - want.astype(int))
-            assert diff.max() <= (0 if resample == "nearest" else 1), (mode, box, h, w)
-
-
 def test_without_nvimgcodec_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)
     with pytest.raises(ImportError, match=r"aioloader\[gpu\]") as info:
-        NvImageCodecDecoder(torch.device("cuda"), H, W, "bilinear")
+        NvImageCodecDecoder(torch.device("cuda"))
     assert isinstance(info.value.__cause__, ImportError)
 
 
@@ -147,11 +103,13 @@ def test_without_nvimgcodec_the_error_names_the_extra(monkeypatch: pytest.Monkey
 
 class FakeCodec(types.ModuleType):
     """nvImageCodec's Python API as the decoder uses it, decoding with Pillow: ``CodeStream``
-    parses (raises where Pillow can't open it), ``get_sub_code_stream(region=)`` keeps the
-    region, ``Decoder.decode`` gives an HWC array of the region (grey: one channel) or None
-    per image; ``batch_error`` makes a batched call raise, ``batch_none`` gives all None;
-    ``lenient`` decodes a JPEG cut short without an error, as nvJPEG does (the rows missing
-    grey)."""
+    parses (raises where Pillow can't open it); ``as_image`` wraps a tensor (zero copy);
+    ``Decoder.decode`` writes each image into the ``images=`` given, at the buffer's own pitch
+    (the top-left corner), and gives them back, or makes arrays of its own without
+    ``images=``; None per image it cannot decode. ``no_images`` makes ``images=`` a
+    TypeError (nvImageCodec < 0.7); ``batch_error`` makes a batched call raise,
+    ``batch_none`` gives all None; ``lenient`` decodes a JPEG cut short without an error, as
+    nvJPEG does; ``shrink`` decodes one row short."""
 
     class ColorSpec:
         SRGB = "srgb"
@@ -159,23 +117,19 @@ class FakeCodec(types.ModuleType):
     def __init__(self) -> None:
         super().__init__("nvidia.nvimgcodec")
         self.calls: list[dict[str, Any]] = []
-        self.batch_error = self.batch_none = False
-        self.shrink = False  # decode one row short of the region asked for
+        self.batch_error = self.batch_none = self.no_images = False
+        self.shrink = False
         self.lenient = False
-        self.windows: list[tuple[int, int, int, int] | None] = []  # decoded, None: the whole image
+        self.wrapped: list[int] = []  # data_ptr of each tensor as_image wrapped
         fake = self
 
         class DecodeParams:
             def __init__(self, **kwargs: Any) -> None:
                 self.kwargs = kwargs
 
-        class Region:
-            def __init__(self, start_y: int, start_x: int, end_y: int, end_x: int) -> None:
-                self.window = (start_x, start_y, end_x, end_y)
-
         class CodeStream:
             def __init__(self, array: np.ndarray) -> None:
-                self.data, self.window = array.tobytes(), None
+                self.data = array.tobytes()
                 try:
                     img = Image.open(io.BytesIO(self.data))
                 except Exception as e:  # as nvImageCodec: a RuntimeError
@@ -183,10 +137,28 @@ class FakeCodec(types.ModuleType):
                 self.codec_name = {"JPEG": "jpeg", "PNG": "png"}.get(str(img.format), "unknown")
                 self.width, self.height = img.size
 
-            def get_sub_code_stream(self, region: Region) -> CodeStream:
-                sub = CodeStream(np.frombuffer(self.data, np.uint8))
-                sub.window = region.window
-                return sub
+        class Wrapped:
+            """An external buffer; after a decode, the image's view of it."""
+
+            def __init__(self, tensor: torch.Tensor, stream: int) -> None:
+                self.tensor, self.stream = tensor, stream
+                self.shape: tuple[int, ...] = tuple(tensor.shape)
+
+        def as_image(tensor: torch.Tensor, cuda_stream: int = 0) -> Wrapped:
+            fake.wrapped.append(tensor.data_ptr())
+            return Wrapped(tensor, cuda_stream)
+
+        class Own:
+            """An image in nvImageCodec's own buffer."""
+
+            def __init__(self, arr: np.ndarray) -> None:
+                self.arr, self.shape = arr, arr.shape
+
+            def __dlpack__(self, stream: Any = None) -> Any:
+                return torch.from_numpy(self.arr).__dlpack__()
+
+            def __dlpack_device__(self) -> Any:
+                return torch.from_numpy(self.arr).__dlpack_device__()
 
         class Decoder:
             def __init__(self, device_id: int, max_num_cpu_threads: int, options: str) -> None:
@@ -194,17 +166,23 @@ class FakeCodec(types.ModuleType):
                     {"device_id": device_id, "threads": max_num_cpu_threads, "options": options}
                 )
 
-            def decode(self, src: Any, *, params: DecodeParams, cuda_stream: int) -> Any:
+            def decode(
+                self, src: list[Any], *, images: list[Any] | None = None, params: Any, cuda_stream: int
+            ) -> list[Any]:
+                if images is not None and fake.no_images:
+                    raise TypeError("decode(): incompatible function arguments")
                 fake.calls.append(
-                    {"n": len(src) if isinstance(src, list) else None, "stream": cuda_stream, **params.kwargs}
+                    {"n": len(src), "external": images is not None, "stream": cuda_stream, **params.kwargs}
                 )
-                if not isinstance(src, list):
-                    return self.one(src)
-                if fake.batch_error:
+                if images is not None:
+                    assert len(images) == len(src) and all(im.stream == cuda_stream for im in images)
+                if len(src) > 1 and fake.batch_error:
                     raise RuntimeError("the whole batch failed")
-                return [None] * len(src) if fake.batch_none else [self.one(s) for s in src]
+                if len(src) > 1 and fake.batch_none:
+                    return [None] * len(src)
+                return [self.one(s, images[i] if images else None) for i, s in enumerate(src)]
 
-            def one(self, code: CodeStream) -> np.ndarray | None:
+            def one(self, code: CodeStream, into: Wrapped | None) -> Any:
                 try:
                     img = Image.open(io.BytesIO(code.data))
                     ImageFile.LOAD_TRUNCATED_IMAGES = fake.lenient
@@ -213,19 +191,16 @@ class FakeCodec(types.ModuleType):
                     return None
                 finally:
                     ImageFile.LOAD_TRUNCATED_IMAGES = False
-                arr = np.array(img if img.mode == "L" else img.convert("RGB")).reshape(
-                    img.size[1], img.size[0], -1
-                )
-                fake.windows.append(code.window)
-                x0, y0, x1, y1 = code.window or (0, 0, img.size[0], img.size[1])
-                return arr[y0 : y1 - fake.shrink, x0:x1]
+                arr = np.array(img.convert("RGB"))[: img.size[1] - fake.shrink]
+                if into is None:
+                    return Own(arr)
+                h, w = arr.shape[:2]
+                into.tensor[:h, :w] = torch.from_numpy(arr)
+                into.shape = (h, w, 3)
+                return into
 
-        self.DecodeParams, self.Region, self.CodeStream, self.Decoder = (
-            DecodeParams,
-            Region,
-            CodeStream,
-            Decoder,
-        )
+        self.DecodeParams, self.CodeStream, self.Decoder = DecodeParams, CodeStream, Decoder
+        self.as_image = as_image
 
 
 class FakeStream:
@@ -239,17 +214,38 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCodec:
     return codec
 
 
-def run(
-    device: torch.device, resample: str, stream: Any, roi: bool = False
-) -> tuple[list[int], torch.Tensor]:
+def sizes_of(datas: list[bytes]) -> np.ndarray:
+    """Each image's (height, width), as the loader's frame-header parse gives it; garbage: 1x1."""
+    found = []
+    for data in datas:
+        try:
+            w, h = Image.open(io.BytesIO(data)).size
+        except Exception:  # noqa: BLE001 - garbage
+            w, h = 1, 1
+        found.append((h, w))
+    return np.array(found)
+
+
+def run(device: torch.device, resample: str, stream: Any) -> tuple[list[int], torch.Tensor]:
+    """The batch decoded into a padded buffer (7 where nothing was written), then resized
+    with the plan the loader makes, in the batch's own order."""
     datas, boxes, flips = batch()
-    dec = NvImageCodecDecoder(device, H, W, resample, roi=roi)
+    sizes = sizes_of(datas)
+    dec = NvImageCodecDecoder(device)
     dec.start()
-    out = torch.full((len(datas), 3, H, W), 7, dtype=torch.uint8, device=device)
+    buffer = torch.full((len(datas), *sizes.max(axis=0), 3), 7, dtype=torch.uint8, device=device)
     try:
-        failed = dec.decode([memoryview(d) for d in datas], boxes, flips, list(out), stream)
+        failed = dec.decode([memoryview(d) for d in datas], sizes, buffer, stream)
     finally:
         dec.close()
+    plan = plan_batch(boxes, flips, sizes, H, W, resample)
+    order = torch.from_numpy(plan.order).to(device)
+    x = tuple(torch.from_numpy(a).to(device) for a in plan.x)
+    y = tuple(torch.from_numpy(a).to(device) for a in plan.y)
+    dx, nx, dy, ny = plan.digits
+    resized = resize_batch(buffer[order], (*x, dx, nx), (*y, dy, ny), plan.across_first)  # type: ignore[arg-type]
+    out = torch.empty_like(resized)
+    out[order] = resized
     return failed, out
 
 
@@ -258,37 +254,46 @@ def check(out: torch.Tensor, resample: str, mean: float, most: int) -> None:
     for i in OK:
         want = reference(resample, datas[i], tuple(boxes[i]), bool(flips[i])).astype(int)
         diff = np.abs(out[i].cpu().numpy().astype(int) - want)
-        assert diff.mean() < mean and diff.max() <= most, (i, diff.mean(), diff.max())
-    assert (out[BAD] == 7).all()  # failed positions left untouched
+        assert diff.mean() <= mean and diff.max() <= most, (i, diff.mean(), diff.max())
 
 
-@pytest.mark.parametrize("roi", [False, True], ids=["whole", "roi"])
+@pytest.mark.parametrize("external", [True, False], ids=["into-our-buffer", "copied"])
 @pytest.mark.parametrize("resample", RESAMPLES)
 def test_decode_gives_the_cpu_paths_pixels_and_the_failed_positions(
-    fake: FakeCodec, resample: str, roi: bool
+    fake: FakeCodec, resample: str, external: bool
 ) -> None:
-    """Whole images (the default: nvJPEG < 13.2's GPU decoders refuse a region of a 4:2:0
-    JPEG) or the crop window and the filter's reach alone: the CPU path's pixels."""
-    failed, out = run(torch.device("cpu", 0), resample, FakeStream(), roi=roi)
+    """Decoded into the slots of the buffer it is given (or, refused, copied there), then
+    resized: the CPU path's pixels exactly (the same Pillow decode here)."""
+    fake.no_images = not external
+    failed, out = run(torch.device("cpu", 0), resample, FakeStream())
     assert failed == BAD
-    check(out, resample, mean=0.5, most=0 if resample == "nearest" else 1)
-    datas, _, _ = batch()
-    if roi:
-        sizes = [Image.open(io.BytesIO(datas[i])).size for i in OK]
-        assert all(w is not None for w in fake.windows)
-        assert any(w != (0, 0, *size) for w, size in zip(fake.windows, sizes, strict=True))
-    else:
-        assert fake.windows == [None] * len(OK)
-    start, call = fake.calls
+    check(out, resample, mean=0.0, most=0)
+    start, *calls = fake.calls
     assert start == {"device_id": 0, "threads": 1, "options": ":fancy_upsampling=1"}
     # one batched call of the parsed JPEGs, on the caller's stream, EXIF orientation ignored
-    assert call == {
-        "n": 4,  # the JPEG cut short is not sent: it does not end with EOI
-        "stream": 12345,
-        "apply_exif_orientation": False,
-        "color_spec": "srgb",
-        "allow_any_depth": False,
-    }
+    assert calls == [
+        {
+            "n": 4,  # the JPEG cut short is not sent: it does not end with EOI
+            "external": external,
+            "stream": 12345,
+            "apply_exif_orientation": False,
+            "color_spec": "srgb",
+            "allow_any_depth": False,
+        }
+    ]
+
+
+def test_the_decode_writes_into_the_buffers_slots(fake: FakeCodec) -> None:
+    datas, _, _ = batch()
+    sizes = sizes_of(datas)
+    dec = NvImageCodecDecoder(torch.device("cpu", 0))
+    dec.start()
+    buffer = torch.zeros((len(datas), *sizes.max(axis=0), 3), dtype=torch.uint8)
+    dec.decode([memoryview(d) for d in datas], sizes, buffer, FakeStream())
+    assert fake.wrapped == [buffer[i].data_ptr() for i in OK]  # PyTorch's memory, no other
+    grey = buffer[1, : sizes[1][0], : sizes[1][1]]
+    assert torch.equal(grey[..., 0], grey[..., 1]) and torch.equal(grey[..., 1], grey[..., 2])
+    assert (buffer[1, sizes[1][0] :] == 0).all()  # below the image: untouched padding
 
 
 @pytest.mark.parametrize("how", ["batch_error", "batch_none"])
@@ -296,8 +301,8 @@ def test_a_failed_batch_is_decoded_image_by_image(fake: FakeCodec, how: str) -> 
     setattr(fake, how, True)
     failed, out = run(torch.device("cpu", 0), "bilinear", FakeStream())
     assert failed == BAD
-    check(out, "bilinear", mean=0.5, most=1)
-    assert [c["n"] for c in fake.calls[1:]] == [4, None, None, None, None]
+    check(out, "bilinear", mean=0.0, most=0)
+    assert [c["n"] for c in fake.calls[1:]] == [4, 1, 1, 1, 1]
 
 
 def test_a_jpeg_cut_short_is_a_failed_position_though_the_codec_would_decode_it(fake: FakeCodec) -> None:
@@ -309,34 +314,59 @@ def test_a_jpeg_cut_short_is_a_failed_position_though_the_codec_would_decode_it(
     assert Image.open(io.BytesIO(datas[3])).size == (160, 120)  # its header is whole
     failed, out = run(torch.device("cpu", 0), "bilinear", FakeStream())
     assert failed == BAD
-    check(out, "bilinear", mean=0.5, most=1)
+    check(out, "bilinear", mean=0.0, most=0)
     assert fake.calls[1]["n"] == 4
 
 
 def test_a_decoded_image_of_another_size_is_a_failed_position(fake: FakeCodec) -> None:
     fake.shrink = True
-    failed, out = run(torch.device("cpu", 0), "bilinear", FakeStream())
+    failed, _ = run(torch.device("cpu", 0), "bilinear", FakeStream())
     assert failed == sorted(OK + BAD)
-    assert (out == 7).all()
 
 
 # -- the real nvImageCodec on a CUDA GPU -----------------------------------------------------
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("roi", [False, True], ids=["whole", "roi"])
 @pytest.mark.parametrize("resample", RESAMPLES)
-def test_cuda_decode_matches_the_cpu_path(resample: str, roi: bool) -> None:
-    """Whole images and crop windows (with nvJPEG < 13.2, nvImageCodec decodes a window of
-    a 4:2:0 JPEG on its CPU decoder: the same pixels, slower); the JPEG cut in half, the PNG
-    and the garbage are failed positions, as on the CPU path."""
+def test_cuda_decode_matches_the_cpu_path(resample: str) -> None:
+    """The JPEG cut in half, the PNG and the garbage are failed positions, as on the CPU
+    path; the others within nvJPEG's IDCT against libjpeg-turbo's."""
     pytest.importorskip("nvidia.nvimgcodec")
     device = torch.device("cuda", torch.cuda.current_device())
     stream = torch.cuda.Stream(device)  # a side stream: the work must be ordered on it
-    failed, out = run(device, resample, stream, roi=roi)
+    with torch.cuda.stream(stream):
+        failed, out = run(device, resample, stream)
     stream.synchronize()
     assert failed == BAD
     # nvJPEG's IDCT is not libjpeg-turbo's: a few levels here and there
     check(out, resample, mean=3.0, most=39)
     assert math.isclose(float((out[1, 0] == out[1, 1]).float().mean()), 1.0)  # grey: 3 equal channels
     assert torch.equal(out[1, 1], out[1, 2])
+
+
+@pytest.mark.cuda
+def test_cuda_decode_succeeds_with_the_gpus_memory_in_pytorchs_cache() -> None:
+    """The decode's output is PyTorch's memory: with nearly all of the GPU's free memory
+    held by PyTorch's caching allocator (allocated, then freed into the cache), the batch
+    still decodes on the GPU, into the buffer's slots."""
+    nv = pytest.importorskip("nvidia.nvimgcodec")
+    device = torch.device("cuda", torch.cuda.current_device())
+    datas, _, _ = batch()
+    sizes = sizes_of(datas)
+    free, _ = torch.cuda.mem_get_info(device)
+    hog = torch.empty(int(free * 0.97) // 4, dtype=torch.float32, device=device)
+    del hog  # back to the cache, not to the driver: cudaMallocAsync now finds ~3% free
+    assert torch.cuda.memory_reserved(device) > free * 0.9
+    dec = NvImageCodecDecoder(device)
+    dec.start()
+    stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):
+        buffer = torch.zeros((len(datas), *sizes.max(axis=0), 3), dtype=torch.uint8, device=device)
+        failed = dec.decode([memoryview(d) for d in datas], sizes, buffer, stream)
+    stream.synchronize()
+    dec.close()
+    assert dec.external, f"nvImageCodec {getattr(nv, '__version__', '?')} refused images="
+    assert failed == BAD
+    assert all(buffer[i, : sizes[i][0], : sizes[i][1]].float().mean() > 0 for i in OK)
+    torch.cuda.empty_cache()

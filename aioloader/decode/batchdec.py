@@ -1,19 +1,22 @@
 """Batch decoders: the part of the device decode that turns a batch's JPEGs into pixels.
 
-The bridging thread (:mod:`aioloader.run.devdecode`) hands a batch decoder the encoded
-images of a batch, their crop windows and flips, and one output view per image; the decoder
-writes each ``(3, H, W)`` RGB ``uint8`` result into its view and says which images failed
-(those the bridge decodes again with Pillow). Which decoder is a part, chosen by the
+The decode thread (:mod:`aioloader.run.decodeahead`) hands a batch decoder the encoded
+images of a batch, their sizes (height, width, from their frame headers on the loader's side)
+and one padded ``(G, Hmax, Wmax, 3)`` ``uint8`` buffer on the device; the decoder writes image
+``i``, whole, RGB, into ``buffer[i, :height, :width]`` and says which images failed (those the
+bridge decodes again with Pillow). The crop, resize and flip come after, for the whole batch
+at once (:mod:`aioloader.decode.resize`). Which decoder is a part, chosen by the
 ``ImageDecoder``'s ``device`` (:func:`batch_decoder_for`):
 
 - ``"cuda"``: :class:`~aioloader.decode.nvimgcodec.NvImageCodecDecoder` (nvImageCodec,
   batched, the hardware JPEG engine where the card has one; ``aioloader[gpu]``);
-- ``"cpu"``: :class:`PillowBatchDecoder`, the CPU path's own code on the bridging thread: the
-  same stage, ordering, fallbacks and stats, run by CI without a GPU.
+- ``"cpu"``: :class:`PillowBatchDecoder`, Pillow on the decode thread: the same stage,
+  ordering, resize, fallbacks and stats, run by CI without a GPU.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,25 +37,19 @@ class BatchDecoder(Protocol):
         """On the bridging thread, once its device is bound: make the decoder's state."""
 
     def decode(
-        self,
-        datas: list[memoryview],
-        boxes: np.ndarray[Any, Any],
-        flips: np.ndarray[Any, Any],
-        out: list[torch.Tensor],
-        stream: Any,
+        self, datas: Sequence[memoryview], sizes: np.ndarray[Any, Any], buffer: torch.Tensor, stream: Any
     ) -> list[int]:
-        """Decode ``datas[i]``, resize its ``boxes[i]`` (``x0, y0, x1, y1`` in its pixels)
-        to ``out[i]``'s ``(3, H, W)``, flip it where ``flips[i]``, write it into ``out[i]``;
-        the work is enqueued on ``stream``. Returns the positions that failed (their
-        ``out`` untouched); never raises for a bad image."""
+        """Decode ``datas[i]`` (an image of ``sizes[i]`` = height, width) into
+        ``buffer[i, :height, :width]`` as RGB, the work enqueued on ``stream`` (None on the
+        CPU). Returns the positions that failed; never raises for a bad image."""
 
     def close(self) -> None:
         """Release what :meth:`start` made."""
 
 
 class PillowBatchDecoder:
-    """The CPU path's decode (``ImageDecoder.decode_window``), image by image: exactly the
-    pixels the workers make."""
+    """The CPU path's decode (:meth:`ImageDecoder.decode_whole`), image by image: exactly
+    the pixels the workers resize."""
 
     progressive = True
 
@@ -63,22 +60,20 @@ class PillowBatchDecoder:
         pass
 
     def decode(
-        self,
-        datas: list[memoryview],
-        boxes: np.ndarray[Any, Any],
-        flips: np.ndarray[Any, Any],
-        out: list[torch.Tensor],
-        stream: Any,
+        self, datas: Sequence[memoryview], sizes: np.ndarray[Any, Any], buffer: torch.Tensor, stream: Any
     ) -> list[int]:
         failed = []
         for i, data in enumerate(datas):
-            x0, y0, x1, y1 = (float(v) for v in boxes[i])
             try:
-                pixels = self._decoder.decode_window(bytes(data), (x0, y0, x1, y1), bool(flips[i]))
+                pixels = self._decoder.decode_whole(bytes(data))
             except Exception:  # noqa: BLE001 - a bad image is a failed position, decoded again by the bridge
                 failed.append(i)
                 continue
-            np.copyto(out[i].numpy(), pixels)  # NumPy's copy: one thread, not the intra-op pool
+            h, w = int(sizes[i][0]), int(sizes[i][1])
+            if pixels.shape != (h, w, 3):
+                failed.append(i)
+                continue
+            np.copyto(buffer[i, :h, :w].numpy(), pixels)  # NumPy's copy: one thread, not the intra-op pool
         return failed
 
     def close(self) -> None:
@@ -92,5 +87,5 @@ def batch_decoder_for(decoder: ImageDecoder, device: torch.device) -> BatchDecod
         return PillowBatchDecoder(decoder)
     from aioloader.decode.nvimgcodec import NvImageCodecDecoder  # the GPU library only when asked
 
-    found: BatchDecoder = NvImageCodecDecoder(device, decoder.height, decoder.width, decoder.resample)
+    found: BatchDecoder = NvImageCodecDecoder(device)
     return found

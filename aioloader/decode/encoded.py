@@ -10,6 +10,11 @@ of samples, CPU-decoded arrays and encoded images mixed, into one :class:`Encode
 - ``data``, ``offsets``: the encoded images' bytes end to end (image ``i`` is
   ``data[offsets[i]:offsets[i + 1]]``), ``gpu_rows``: where they go, with their ``boxes``
   (``x0, y0, x1, y1`` in the image's pixels), ``flips``, dataset ``indices`` and ``paths``;
+- the resize's plan (:func:`~aioloader.decode.taps.plan_batch`), made here, in the loader's
+  process, in parallel with training, so that the bridge only launches work: the images'
+  ``sizes`` (height, width, from their frame headers), each axis's taps in Pillow's fixed
+  point with the crop and the flip folded in (``xindex``, ``xcoef``, ``yindex``, ``ycoef``),
+  their ``digits`` and ``across_first``; the encoded images are in the plan's order;
 - ``rows``, ``height``, ``width``: the batch's shape, ``(rows, 3, height, width)``.
 
 It is a namedtuple of arrays, so it crosses to the trainer's process as any batch does: its
@@ -24,14 +29,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from aioloader.decode.taps import plan_batch
+
 __all__ = ["EncodedBatch", "EncodedImage"]
 
 
 @dataclass(frozen=True, slots=True)
 class EncodedImage:
     """One sample the device decodes (see the module docstring): its file's ``data``, crop
-    ``box`` and ``flip``, dataset ``index`` and ``path``; the output is ``(3, height,
-    width)``."""
+    ``box`` and ``flip``, dataset ``index`` and ``path``, the image's ``size`` (height, width,
+    from its frame header); the output is ``(3, height, width)``, resized with Pillow's
+    ``resample`` filter."""
 
     data: bytes
     box: tuple[float, float, float, float]
@@ -40,12 +48,12 @@ class EncodedImage:
     path: str
     height: int
     width: int
+    size: tuple[int, int]
+    resample: str
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            EncodedImage,
-            (self.data, self.box, self.flip, self.index, self.path, self.height, self.width),
-        )
+        fields = (self.data, self.box, self.flip, self.index, self.path, self.height, self.width)
+        return (EncodedImage, (*fields, self.size, self.resample))
 
     @staticmethod
     def collate_batch(column: list[Any]) -> EncodedBatch:
@@ -66,17 +74,34 @@ class EncodedBatch(NamedTuple):
     flips: np.ndarray[Any, Any]
     indices: np.ndarray[Any, Any]
     paths: tuple[str, ...]
+    sizes: np.ndarray[Any, Any]
+    xindex: np.ndarray[Any, Any]
+    xcoef: np.ndarray[Any, Any]
+    yindex: np.ndarray[Any, Any]
+    ycoef: np.ndarray[Any, Any]
+    digits: tuple[int, int, int, int]
+    across_first: int
     rows: int
     height: int
     width: int
 
     @classmethod
     def of(cls, column: list[Any]) -> EncodedBatch:
-        encoded = [(r, s) for r, s in enumerate(column) if isinstance(s, EncodedImage)]
+        found = [(r, s) for r, s in enumerate(column) if isinstance(s, EncodedImage)]
         decoded = [(r, np.asarray(s)) for r, s in enumerate(column) if not isinstance(s, EncodedImage)]
-        if not encoded:
+        if not found:
             raise TypeError("an encoded batch needs at least one EncodedImage")
-        height, width = encoded[0][1].height, encoded[0][1].width
+        first = found[0][1]
+        height, width = first.height, first.width
+        plan = plan_batch(
+            np.array([s.box for _, s in found], dtype=np.float64).reshape(-1, 4),
+            np.array([s.flip for _, s in found], dtype=np.bool_),
+            np.array([s.size for _, s in found], dtype=np.int64).reshape(-1, 2),
+            height,
+            width,
+            first.resample,
+        )
+        encoded = [found[int(i)] for i in plan.order]
         for r, arr in decoded:
             if arr.shape != (3, height, width) or arr.dtype != np.uint8:
                 raise ValueError(
@@ -102,6 +127,13 @@ class EncodedBatch(NamedTuple):
             flips=np.array([s.flip for _, s in encoded], dtype=np.bool_),
             indices=np.array([s.index for _, s in encoded], dtype=np.int64),
             paths=tuple(s.path for _, s in encoded),
+            sizes=plan.sizes,
+            xindex=plan.x.pos,
+            xcoef=plan.x.coef,
+            yindex=plan.y.pos,
+            ycoef=plan.y.coef,
+            digits=plan.digits,
+            across_first=plan.across_first,
             rows=len(column),
             height=height,
             width=width,

@@ -153,6 +153,14 @@ class ImageDecoder:
         source = _Source(data)
         return self._decode_in(_open(source, data), source, box, flip)
 
+    def decode_whole(self, data: bytes) -> npt.NDArray[np.uint8]:
+        """``data`` decoded whole at full scale, RGB ``(h, w, 3)``: what :meth:`decode_window`
+        crops and resizes with ``draft=False`` (the device path's decode on the CPU)."""
+        source = _Source(data)
+        img = _open(source, data)
+        _load_whole(img, source)
+        return np.asarray(_to_rgb(img), dtype=np.uint8)
+
     def _decode_in(
         self, img: Image.Image, source: _Source, box: tuple[float, float, float, float], flip: bool
     ) -> npt.NDArray[np.uint8]:

@@ -129,7 +129,9 @@ class DeviceDecodeStage:
         box, flip = dec.window(
             header.width, header.height, lambda: sample_generator(self._seed, epoch, index)
         )
-        return EncodedImage(data, box, flip, index, self._path_of(index), dec.height, dec.width)
+        size = (header.height, header.width)
+        path = self._path_of(index)
+        return EncodedImage(data, box, flip, index, path, dec.height, dec.width, size, dec.resample)
 
     def _adjust(self) -> None:
         """Move the workers' share by their utilization since the last adjustment."""

@@ -2,7 +2,9 @@
 
 The thread sits between the engine's ready queue (an ``asyncio.Queue`` on the loader's loop)
 and the trainer: it pulls each batch, has :class:`~aioloader.run.device.DeviceCopier` copy it to
-the device, and puts it into the run's :class:`~aioloader.run.handoff.Handoff`. Runs are served
+the device, and puts it into the run's :class:`~aioloader.run.handoff.Handoff`. With a device
+decode it pulls through a decode thread that starts each batch's decode a batch ahead
+(:mod:`aioloader.run.decodeahead`) and finishes the batch before its copy. Runs are served
 one after another; a cancelled run is abandoned at once.
 """
 
@@ -29,7 +31,9 @@ class Source(Protocol):
     :class:`~aioloader.run.procruntime.PipeRun` from a loader process."""
 
     handoff: Handoff[Item]
-    cancelled: bool
+
+    @property
+    def cancelled(self) -> bool: ...
 
     def next_ready(self) -> Item | None: ...
 
@@ -148,8 +152,11 @@ class Bridge:
             return Failure(err)
 
     def _serve(self, run: Source) -> None:
+        # A device decode starts each batch's decode on a thread of its own, a batch ahead.
+        ahead = self.finish.ahead(run) if self.finish is not None else None
+        source: Source = ahead if ahead is not None else run
         try:
-            while (item := run.next_ready()) is not None:
+            while (item := source.next_ready()) is not None:
                 if isinstance(item, Batch):
                     with self.meter.timed():
                         item = self._to_device(item)
@@ -163,3 +170,6 @@ class Bridge:
                     return
         finally:
             run.handoff.close()
+            if ahead is not None:
+                ahead.cancel()  # the run is over for the bridge: the thread stops reading it
+                ahead.join()
