@@ -56,7 +56,7 @@ def test_items_pass_in_order_through_begin_on_the_decode_thread() -> None:
     got = []
     while (item := ahead.next_ready()) is not None:
         got.append(item)
-    ahead.join(10)
+    ahead.close(10)
     assert [b.value for b in got[:-1]] == [("begun", f"b{i}", "aioloader-decode") for i in range(5)]
     assert isinstance(got[-1], End)
     assert not ahead._thread.is_alive()
@@ -73,7 +73,7 @@ def test_it_runs_at_most_depth_ahead() -> None:
         threading.Event().wait(0.01)
     assert run.pulled == 3  # one taken, one queued, one being begun (blocked on the queue)
     ahead.cancel()
-    ahead.join(10)
+    ahead.close(10)
     assert not ahead._thread.is_alive()
 
 
@@ -85,7 +85,7 @@ def test_cancel_wakes_the_thread_and_the_bridge() -> None:
     waiter.start()
     ahead.cancel()
     waiter.join(10)
-    ahead.join(10)
+    ahead.close(10)
     assert box == [None] and not ahead._thread.is_alive() and run.cancelled
 
 
@@ -97,7 +97,7 @@ def test_an_error_of_begin_is_the_runs_failure_in_its_place() -> None:
 
     ahead = DecodeAhead(FakeRun(3), bad, lambda: None)
     first, second, third = ahead.next_ready(), ahead.next_ready(), ahead.next_ready()
-    ahead.join(10)
+    ahead.close(10)
     assert isinstance(first, Batch) and first.index == 0
     assert isinstance(second, Failure) and "boom" in str(second.error)
     assert third is None

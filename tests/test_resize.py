@@ -238,3 +238,27 @@ def test_chunks_bound_the_temporaries() -> None:
         mp.setattr(resize_mod, "_across_first", spy)
         resized(pictures, boxes, flips, "bilinear", max_bytes=3 * chunk_bytes(48, 64, H, W, 2))
     assert counted == [3, 3, 2]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
+def test_on_cuda_with_or_without_tf32_the_pixels_are_pillows(
+    tf32: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(13)
+    pictures = images(rng, 10)
+    boxes = boxes_for(rng, pictures)
+    flips = rng.random(len(pictures)) < 0.5
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    device = torch.device("cuda", torch.cuda.current_device())
+    sizes = np.array([a.shape[:2] for a in pictures])
+    plan = plan_batch(boxes, flips, sizes, H, W, "bicubic")
+    buffer = torch.zeros((len(pictures), *sizes.max(axis=0), 3), dtype=torch.uint8)
+    for slot, i in enumerate(plan.order):
+        buffer[slot, : sizes[i][0], : sizes[i][1]] = torch.from_numpy(pictures[i].copy())
+    dx, nx, dy, ny = plan.digits
+    x = (torch.from_numpy(plan.x.pos).to(device), torch.from_numpy(plan.x.coef).to(device), dx, nx)
+    y = (torch.from_numpy(plan.y.pos).to(device), torch.from_numpy(plan.y.coef).to(device), dy, ny)
+    got = resize_batch(buffer.to(device), x, y, plan.across_first).cpu()
+    for slot, i in enumerate(plan.order):
+        assert np.array_equal(got[slot].numpy(), pillow(pictures[i], boxes[i], bool(flips[i]), "bicubic"))

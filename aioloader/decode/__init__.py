@@ -13,10 +13,12 @@ device decode's loader side (its bridge side is ``run/devdecode.py``).
 | ``ondevice.py`` | ``ImageDecoder(device=...)``'s stage: what the GPU decodes, what the CPU, the windows |
 | ``jpeg.py`` | pure: a JPEG's frame header, and whether the device takes it |
 | ``hybrid.py`` | pure: the CPU workers' measured share of each batch beside the GPU |
-| ``encoded.py`` | encoded images and the half-decoded batch that crosses to the bridge |
-| ``batchdec.py`` | batch decoders: the part that decodes a batch on the device (Pillow's for CI) |
+| ``encoded.py`` | encoded images and the half-decoded batch that crosses to the bridge, with its plan |
+| ``taps.py`` | pure: Pillow's fixed-point resampling taps for a batch, the resize's plan |
+| ``resize.py`` | a batch's crop-resize-flip in a few tensor operations, Pillow-exact, TF32-proof |
+| ``batchdec.py`` | batch decoders: a batch's JPEGs into a padded buffer on the device (Pillow's for CI) |
 | ``shrink.py`` | ``Cache(max_side=N)``: the small JPEG a worker makes, then decodes |
-| ``nvimgcodec.py`` | ``NvImageCodecDecoder``: a batch's JPEG crops decoded on a GPU, resized as Pillow does |
+| ``nvimgcodec.py`` | ``NvImageCodecDecoder``: a batch's JPEGs decoded on a GPU into PyTorch's memory |
 
 The memory they decode into is ``memory/``'s; the processes come from ``procs/``.
 

@@ -13,7 +13,8 @@ trainer keeping only the bridge. Above the engine, below ``loader.py``.
 | ``bridge.py`` | stage 6's ``aioloader-transfer`` thread and the per-epoch ``Run`` |
 | ``device.py`` | the device copy: side stream, events, ``record_stream``, slabs held until copied |
 | ``pinning.py`` | the trainer's slab mappings page-locked once for their life (``cudaHostRegister``) |
-| ``devdecode.py`` | the device decode on the bridge: a half-decoded batch to its tensor on the device |
+| ``devdecode.py`` | the device decode's trainer side: a half-decoded batch to its tensor on the device |
+| ``decodeahead.py`` | the ``aioloader-decode`` thread: each batch's device decode started a batch ahead |
 | ``staging.py`` | the fallback: pinned staging buffers filled by a single-threaded copy |
 | ``handoff.py`` | the bridge -> trainer hand-off, for threads and coroutines |
 | ``cursor.py`` | the consumer's side of a run: the ``for`` and ``async for`` iterators |

@@ -171,5 +171,4 @@ class Bridge:
         finally:
             run.handoff.close()
             if ahead is not None:
-                ahead.cancel()  # the run is over for the bridge: the thread stops reading it
-                ahead.join()
+                ahead.close()

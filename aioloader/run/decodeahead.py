@@ -16,7 +16,8 @@ decoded: ``depth + 1`` batches' padded buffers on the device beyond the bridge's
 
 Lifecycle: one thread per run, started with it; it ends after the run's last item (its end,
 its failure), or when the run is cancelled (:meth:`DecodeAhead.cancel`, from any thread),
-which also wakes both threads. The bridge joins it before serving the next run.
+which also wakes both threads. The bridge closes it (:meth:`DecodeAhead.close`) before
+serving the next run.
 """
 
 from __future__ import annotations
@@ -71,8 +72,11 @@ class DecodeAhead:
         self.run.cancel()
         self._ahead.close()
 
-    def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread (after the run's end or :meth:`cancel`)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop and join the thread: after the run's end it has stopped by itself; before
+        (the trainer went away), the run is cancelled to wake it."""
+        if self._thread.is_alive() and not self.run.cancelled:
+            self.cancel()
         self._ahead.close()
         self._thread.join(timeout)
 
