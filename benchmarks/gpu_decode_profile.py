@@ -1,52 +1,64 @@
-"""Where the GPU decode's time goes: nvImageCodec's batched decode alone, with whole images and
-with the crop windows aioloader asks for, against aioloader's own batch decoder and its
-host-side parts, on the same batches (RESULTS §29: ``ImageDecoder(224, crop="random",
-hflip=True, device="cuda")`` fed 0.54x DataLoader, its transfer thread spending 226-241 ms of
-CPU a batch for about 128 GPU-decoded samples). GPU only: skips cleanly (exit 0) without
-CUDA or nvImageCodec; asserts nothing about time.
+"""Where the GPU decode's time goes, stage by stage, on the same batches: nvImageCodec's batched
+decode alone, against each part of ``ImageDecoder(device="cuda")``'s batch path (issue 40):
+the plan made on the loader's side, the decode thread's decode into a padded buffer, the
+bridge's batched resize and its whole per-batch finish. GPU only: skips cleanly (exit 0, one
+line) without CUDA or nvImageCodec; asserts nothing about time.
+
+The path measured (see ``aioloader/run/devdecode.py``): in the loader process the collate,
+``EncodedBatch.of``, makes Pillow's fixed-point taps for the whole batch
+(``aioloader.decode.taps.plan_batch``); on the trainer's side a decode thread, a batch ahead,
+has nvImageCodec decode the batch into one padded ``(G, Hmax, Wmax, 3)`` ``uint8`` tensor
+PyTorch allocated (``NvImageCodecDecoder.decode``), and the bridging thread
+(``DeviceDecode.finish``) copies the taps and resizes every image at once
+(``aioloader.decode.resize.resize_batch``: a few operations, two batched products).
 
 Data: ``--images`` JPEGs of 500x375 made in memory as ``gpu_train.py`` makes its folder
 (``aioloader.synthetic.make_image``, Pillow, quality 90, 4:2:0), their windows and flips drawn
 as the loader's device stage draws them (``ImageDecoder.window`` from ``(seed, epoch 0,
-index)``), cut into batches of ``--batch``. Each stage runs once to warm up, then
-``--repeats`` times over those batches in turn; medians per batch:
+index)``), cut into batches of ``--batch`` made into ``EncodedBatch`` es as the collate makes
+them. Each stage runs once to warm up, then ``--repeats`` times over those batches in turn;
+medians per batch:
 
-- ``call ms``: the call's wall time (it returns once its host side is done); ``done ms``: up
-  to the stream's completion (the GPU side too); ``proc CPU ms``: the whole process's CPU
-  during the call (nvImageCodec's own threads included: a thread a native library starts
-  takes its creator's name, so the benchmark's per-thread table counts them as the
-  transfer thread); ``thread CPU ms``: the calling thread's alone; the same per sample;
-  ``None``: the images given back as None (refused or failed).
+- ``call ms``: the call's wall time (it returns once its host side is done: for ``d``, the
+  launches); ``done ms``: up to the device's completion (the GPU side too); ``proc CPU ms``:
+  the whole process's CPU during the call (nvImageCodec's own threads included); ``thread CPU
+  ms``: the calling thread's alone; the same per sample; ``ops``: the ATen operations one call
+  dispatches (a ``TorchDispatchMode`` count; "-" where no PyTorch work is done); ``None``: the
+  images given back as None or as failed positions; ``before (RESULTS §30)``: the nearest row
+  of the table the per-image path produced (RESULTS §30, H200, batches of 128, thread CPU and
+  done ms per batch), where there is one.
 
 Stages:
 
-- ``a nvimgcodec whole``: ``Decoder.decode`` of the batch's code streams, whole images,
-  aioloader's options (``:fancy_upsampling=1``, one CPU thread); ``a2 ... gpu backends``: the
-  same with only the GPU backends allowed (no CPU decoder to fall back on);
-- ``b nvimgcodec roi``: the crop windows as aioloader made them in the §29 run
-  (``NvImageCodecDecoder(roi=True)``'s sub-code-streams); ``b2 ... gpu backends``: how many
-  the GPU decoders refuse (with nvJPEG < 13.2 they refuse a window of a 4:2:0 JPEG under
-  fancy upsampling); ``b3 ... enable_roi_fancy_upsampling=1``: the same windows allowed;
-  ``b4 ... all CPU threads``: the default backends with ``max_num_cpu_threads=0``, to see
-  whether the time scales with CPU threads (a CPU decode);
-- ``c aioloader whole`` and ``c2 aioloader roi``: ``NvImageCodecDecoder.decode``, the call the
-  transfer thread makes (whole images is the default since this script), into a
-  ``(batch, 3, 224, 224)`` tensor;
-- ``d host prep whole`` / ``d2 host prep roi``: its host-side preparation alone (parsing the
-  code streams, making the windows, Pillow's taps), as ``decode`` does it;
-- ``e finish loop``: its per-image crop, resize and flip on the GPU alone, over images
-  decoded beforehand (whole).
+- ``a nvimgcodec whole``: ``Decoder.decode`` of the batch's code streams into nvImageCodec's
+  own buffers, aioloader's options (``:fancy_upsampling=1``, one CPU thread); ``a2 ... gpu
+  backends``: the same with only the GPU backends allowed;
+- ``b aioloader decode into buffer``: ``NvImageCodecDecoder.decode`` into a padded buffer
+  PyTorch allocated beforehand (``as_image`` per slot + ``decode(..., images=)``); ``b2 decode
+  thread begin``: ``DeviceDecode``'s decode-thread step whole (the buffer allocated on its
+  stream, the decode, the event);
+- ``c plan (loader side)``: ``EncodedBatch.of`` over the batch's ``EncodedImage`` s (the
+  collate, in the loader process: the bytes end to end and the plan); ``c2 plan_batch``: the
+  taps alone. Host work only (it runs on the CPU anywhere);
+- ``d resize``: ``resize_batch`` on a decoded buffer, the taps already on the device: ``call``
+  is the launch, ``done`` the completion; then the CUDA kernels and copies of one call
+  (``torch.profiler``: count and device time) and the ATen operations by name;
+- ``e bridge finish``: what the bridging thread does per batch: ``DeviceDecode.finish`` over a
+  batch the decode thread began (the taps' copies, the resize, the rows placed), the labels'
+  copy and event (``DeviceCopier.to_device``) and ``settle(keep=1)``, as the bridge does
+  (the taps' host arrays are ordinary memory here, so their copies go through the copier's
+  pinned staging: a little more host work than from the loader's page-locked slabs).
+  Its thread CPU is issue 40's target (<= 25 ms a batch of 256), printed per 256 below the
+  table.
 
-Then cProfile's top 25 by cumulative time of ``c`` and ``c2``, a few batches each, and the
-nvJPEG libraries the process loaded (``/proc/self/maps``). Which nvJPEG nvImageCodec gets
-depends on what was loaded first: torchvision's wheels carry their own ``libnvjpeg``, and
-``gpu_train.py`` imports torchvision before nvImageCodec loads its JPEG extension; the one
-``aioloader[gpu]`` installs (``nvidia-nvjpeg``, 13.3 here) accepts the windows.
-``--torchvision auto`` (the default) imports torchvision first where it is installed, as
-``gpu_train.py`` does; ``no`` leaves it out.
+Then cProfile's top 25 by cumulative time of ``b`` and ``e``, a few batches each, and the
+nvJPEG libraries the process loaded (``/proc/self/maps``): torchvision's wheels carry their
+own ``libnvjpeg``, and a training script imports torchvision before nvImageCodec loads its JPEG
+extension. ``--torchvision auto`` (the default) imports torchvision first where it is
+installed, as ``gpu_train.py`` does; ``no`` leaves it out.
 
     python benchmarks/gpu_decode_profile.py [--images 512] [--batch 128] [--repeats 5] [--seed 0]
-                                            [--torchvision auto|no]
+                                            [--profile-batches 3] [--torchvision auto|no]
 """
 
 from __future__ import annotations
@@ -59,7 +71,9 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,8 +83,25 @@ import numpy as np
 SIZE = (500, 375)  # gpu_train.py's images
 OUT = 224  # ImageDecoder(224, crop="random", hflip=True)
 OPTIONS = ":fancy_upsampling=1"  # aioloader's (NvImageCodecDecoder.start)
-ROI_ON = OPTIONS + " :enable_roi_fancy_upsampling=1"
 PREFIX = "gpu_decode_profile"
+TARGET = (25.0, 256)  # issue 40: the bridge thread's CPU, ms per batch of 256
+
+A, A2 = "a nvimgcodec whole", "a2 nvimgcodec whole, gpu backends"
+B, B2 = "b aioloader decode into buffer", "b2 decode thread begin (buffer, decode, event)"
+C, C2 = "c plan (loader side): EncodedBatch.of", "c2 plan_batch alone"
+D = "d resize (resize_batch)"
+E = "e bridge finish (finish, to_device, settle)"
+
+#: RESULTS §30 (the per-image path, commit 2e71d42; H200, batches of 128 JPEGs of 500x375):
+#: per new stage, the old row nearest to it, with its thread CPU and done ms per batch.
+BEFORE: dict[str, tuple[str, float, float]] = {
+    A: ("a nvimgcodec whole", 7.4, 7.6),
+    A2: ("a2 nvimgcodec whole, gpu backends", 9.6, 9.7),
+    C: ("d host prep whole, on the transfer thread", 10.7, 10.8),
+    D: ("e finish loop, per image", 66.0, 66.0),
+    E: ("c aioloader whole: decode, prep and resize in one call", 101.3, 101.8),
+}
+BEFORE_BATCH = 128
 
 
 def make_jpegs(n: int, seed: int = 0, size: tuple[int, int] = SIZE, quality: int = 90) -> list[bytes]:
@@ -100,9 +131,37 @@ def draw_windows(datas: Sequence[bytes], decoder: Any, seed: int) -> tuple[np.nd
     return np.array(boxes, dtype=np.float64).reshape(-1, 4), np.array(flips, dtype=np.bool_)
 
 
+def encoded_images(datas: Sequence[bytes], boxes: np.ndarray, flips: np.ndarray, decoder: Any) -> list[Any]:
+    """The ``EncodedImage`` s the loader's device stage makes of ``datas`` (one each)."""
+    from aioloader.decode.encoded import EncodedImage
+    from aioloader.decode.jpeg import jpeg_header
+
+    out = []
+    for i, data in enumerate(datas):
+        header = jpeg_header(data)
+        assert header is not None, f"image {i} is no JPEG"
+        box = tuple(float(v) for v in boxes[i])
+        size = (header.height, header.width)
+        out.append(
+            EncodedImage(
+                data,
+                box,
+                bool(flips[i]),
+                i,
+                f"img_{i:06d}.jpg",
+                decoder.height,
+                decoder.width,
+                size,
+                decoder.resample,
+            )
+        )
+    return out
+
+
 @dataclass
 class Stage:
-    """One stage's measurements, a row per repeat (milliseconds), ``nones`` per repeat."""
+    """One stage's measurements, a row per repeat (milliseconds), ``nones`` per repeat;
+    ``ops``: ATen operations of one call (None: not counted)."""
 
     name: str
     samples: int
@@ -111,6 +170,7 @@ class Stage:
     proc: list[float] = field(default_factory=list)
     thread: list[float] = field(default_factory=list)
     nones: list[int] = field(default_factory=list)
+    ops: int | None = None
     error: str | None = None
 
     def medians(self) -> dict[str, float]:
@@ -128,6 +188,11 @@ def nones_of(result: Any) -> int:
     if all(isinstance(r, int) for r in result):
         return len(result)
     return sum(1 for r in result if r is None)
+
+
+def error_text(e: BaseException) -> str:
+    """``Type: first line of the message``, at most 160 characters."""
+    return f"{type(e).__name__}: {e}".splitlines()[0][:160]
 
 
 def time_stage(
@@ -151,26 +216,127 @@ def time_stage(
             stage.nones.append(nones_of(result))
             del result
     except Exception as e:  # noqa: BLE001 - a stage that cannot run says why; the others go on
-        stage.error = f"{type(e).__name__}: {e}".splitlines()[0][:160]
+        stage.error = error_text(e)
         traceback.print_exc(file=sys.stderr)
     return stage
 
 
-def table(stages: Sequence[Stage]) -> str:
-    """The stages as a markdown table: medians per batch and per sample."""
-    head = "| stage | call ms | done ms | proc CPU ms | thread CPU ms | ms/sample (done) | proc CPU ms/sample | None |"
-    lines = [head, "| --- " + "| ---: " * 7 + "|"]
+def count_ops(fn: Callable[[], Any]) -> Counter[str]:
+    """The ATen operations ``fn()`` dispatches, by name (``aten.bmm.default``: 2)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: Counter[str] = Counter()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return seen
+
+
+def with_ops(stage: Stage, fn: Callable[[], Any]) -> Counter[str]:
+    """``stage.ops`` set to the ATen operations of one ``fn()`` (left None where it fails,
+    or where the stage failed already); the count by name."""
+    if stage.error is not None:
+        return Counter()
+    try:
+        ops = count_ops(fn)
+    except Exception:  # noqa: BLE001 - the count is information; its absence says so
+        traceback.print_exc(file=sys.stderr)
+        return Counter()
+    stage.ops = sum(ops.values())
+    return ops
+
+
+def ops_line(ops: Counter[str], top: int = 12) -> str:
+    """``n ops: name xN, ...`` largest first (``aten.`` and ``.default`` left out), the first
+    ``top`` and the rest as ``other``."""
+    if not ops:
+        return "n/a"
+    items = sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))
+    names = [f"{k.removeprefix('aten.').removesuffix('.default')} x{v}" for k, v in items[:top]]
+    rest = sum(v for _, v in items[top:])
+    if rest:
+        names.append(f"other x{rest}")
+    return f"{sum(ops.values())} ops: " + ", ".join(names)
+
+
+def device_work(events: Iterable[Any]) -> tuple[int, float]:
+    """``(count, ms)`` of the device's work among ``torch.profiler`` events: those whose
+    ``device_type`` is CUDA (kernels, copies, memsets), their time ranges summed."""
+    from torch.autograd import DeviceType
+
+    count, us = 0, 0.0
+    for e in events:
+        if getattr(e, "device_type", None) == DeviceType.CUDA:
+            count += 1
+            us += float(e.time_range.elapsed_us())
+    return count, us / 1e3
+
+
+def kernel_line(fn: Callable[[], Any], sync: Callable[[], None]) -> str:
+    """The CUDA kernels and copies of one ``fn()`` (``torch.profiler``), or why not."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync()
+        count, ms = device_work(prof.events())
+    except Exception as e:  # noqa: BLE001 - information; its absence says why
+        return f"n/a ({error_text(e)})"
+    return f"{count} CUDA kernels and copies, {ms:.2f} ms of device time"
+
+
+def before_cell(name: str, batch: int) -> str:
+    """The RESULTS §30 row nearest to stage ``name`` (thread CPU and done ms per batch of
+    :data:`BEFORE_BATCH`, scaled to ``batch`` where that differs), or "-"."""
+    found = BEFORE.get(name)
+    if found is None:
+        return "-"
+    old, cpu, done = found
+    scale = batch / BEFORE_BATCH
+    return f"{cpu * scale:.1f} CPU, {done * scale:.1f} done ({old})"
+
+
+def table(stages: Sequence[Stage], batch: int | None = None) -> str:
+    """The stages as a markdown table: medians per batch and per sample; with ``batch``, the
+    "before (RESULTS §30)" column."""
+    cols = ["stage", "call ms", "done ms", "proc CPU ms", "thread CPU ms", "ms/sample (done)"]
+    cols += ["proc CPU ms/sample", "ops", "None"]
+    if batch is not None:
+        cols.append("before (RESULTS §30)")
+    lines = ["| " + " | ".join(cols) + " |", "| --- " + "| ---: " * (len(cols) - 1) + "|"]
     for s in stages:
         m = s.medians()
         if s.error is not None or not m:
-            lines.append(f"| {s.name} | n/a: {s.error or 'no run'} |" + " |" * 6)
-            continue
-        n = max(s.samples, 1)
-        lines.append(
-            f"| {s.name} | {m['call']:.1f} | {m['done']:.1f} | {m['proc']:.1f} | {m['thread']:.1f} "
-            f"| {m['done'] / n:.3f} | {m['proc'] / n:.3f} | {max(s.nones, default=0)} |"
-        )
+            cells = [f"n/a: {s.error or 'no run'}"] + [""] * 7
+        else:
+            n = max(s.samples, 1)
+            cells = [f"{m['call']:.1f}", f"{m['done']:.1f}", f"{m['proc']:.1f}", f"{m['thread']:.1f}"]
+            cells += [f"{m['done'] / n:.3f}", f"{m['proc'] / n:.3f}", "-" if s.ops is None else str(s.ops)]
+            cells.append(str(max(s.nones, default=0)))
+        if batch is not None:
+            cells.append(before_cell(s.name, batch))
+        lines.append("| " + " | ".join([s.name, *cells]) + " |")
     return "\n".join(lines)
+
+
+def bridge_line(stage: Stage, target: tuple[float, int] = TARGET) -> str:
+    """The bridging thread's CPU per batch (``stage``'s thread CPU), scaled to the target's
+    batch, against the target."""
+    m = stage.medians()
+    if stage.error is not None or "thread" not in m:
+        return f"# bridge thread CPU per batch: n/a ({stage.error or 'no run'})"
+    per = m["thread"] / max(stage.samples, 1) * target[1]
+    verdict = "within" if per <= target[0] else "over"
+    return (
+        f"# bridge thread CPU per batch: {m['thread']:.1f} ms for {stage.samples} samples, "
+        f"{per:.1f} ms per {target[1]} (issue 40's target: <= {target[0]:.0f} ms; {verdict})"
+    )
 
 
 def top_profile(fn: Callable[[], Any], top: int = 25) -> str:
@@ -184,21 +350,6 @@ def top_profile(fn: Callable[[], Any], top: int = 25) -> str:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(top)
     return out.getvalue()
-
-
-def prepare(dec: Any, datas: Sequence[memoryview], boxes: np.ndarray) -> tuple[list[Any], tuple[Any, ...]]:
-    """``NvImageCodecDecoder.decode``'s host side before the decode, as it does it: the parsed
-    ``(position, code stream, window)`` and Pillow's taps (x index, x weights, y ...)."""
-    from aioloader.decode.nvimgcodec import _taps
-
-    found = [(i, dec._parse(d, boxes[i])) for i, d in enumerate(datas)]
-    parsed = [(i, *f) for i, f in found if f is not None]
-    windows = np.array([w for _, _, w in parsed], dtype=np.float64)
-    inner = np.asarray(boxes, dtype=np.float64)[[i for i, _, _ in parsed]] - windows[:, [0, 1, 0, 1]]
-    sizes = windows[:, 2:] - windows[:, :2]
-    x = _taps(inner[:, 0], inner[:, 2], sizes[:, 0], dec._width, dec._resample)
-    y = _taps(inner[:, 1], inner[:, 3], sizes[:, 1], dec._height, dec._resample)
-    return parsed, (*x, *y)
 
 
 def loaded_libraries(part: str = "nvjpeg", maps: str = "/proc/self/maps") -> list[str]:
@@ -220,8 +371,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-batches", type=int, default=3)
     p.add_argument("--torchvision", choices=("auto", "no"), default="auto")
     args = p.parse_args(argv)
-    if args.batch < 1 or args.images < args.batch or args.repeats < 1:
-        p.error("need 1 <= --batch <= --images and --repeats >= 1")
+    if args.batch < 1 or args.images < args.batch or args.repeats < 1 or args.profile_batches < 0:
+        p.error("need 1 <= --batch <= --images, --repeats >= 1 and --profile-batches >= 0")
     return args
 
 
@@ -255,139 +406,201 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"nvImageCodec {getattr(nv, '__version__', '?')}, {vision}",
         flush=True,
     )
-    return run(args, nv, device, stream, stream.synchronize)
+    # The whole device: the stages use their own streams too (DeviceDecode's, the copier's).
+    return run(args, nv, device, stream, lambda: torch.cuda.synchronize(device))
+
+
+def on_stream(device: Any, stream: Any) -> AbstractContextManager[Any]:
+    """``stream`` made current on a CUDA device; nothing elsewhere."""
+    import torch
+
+    return torch.cuda.stream(stream) if device.type == "cuda" else nullcontext()
 
 
 def run(args: argparse.Namespace, nv: Any, device: Any, stream: Any, sync: Callable[[], None]) -> int:
-    """The stages (see the module docstring) on ``device``, ordered on ``stream``."""
+    """The stages (see the module docstring) on ``device``, the decode ordered on ``stream``."""
     import torch
 
     from aioloader import ImageDecoder
+    from aioloader.decode.encoded import EncodedBatch
     from aioloader.decode.nvimgcodec import NvImageCodecDecoder
+    from aioloader.decode.resize import resize_batch
+    from aioloader.decode.taps import plan_batch
+    from aioloader.engine.failures import FailurePolicy
+    from aioloader.observe.stats import Counters, DeviceDecodeStats
+    from aioloader.run.devdecode import DeviceDecode
+    from aioloader.run.device import DeviceCopier
 
     t0 = time.perf_counter()
     datas = make_jpegs(args.images, args.seed)
     decoder = ImageDecoder(OUT, crop="random", hflip=True)
     boxes, flips = draw_windows(datas, decoder, args.seed)
+    samples = encoded_images(datas, boxes, flips, decoder)
     print(
         f"# data: {len(datas)} JPEGs {SIZE[0]}x{SIZE[1]}, {sum(map(len, datas)) / len(datas) / 1e3:.0f} KB "
         f"mean, made in {time.perf_counter() - t0:.1f} s; batch {args.batch}",
         flush=True,
     )
     nb = len(datas) // args.batch
-    spans = [range(k * args.batch, (k + 1) * args.batch) for k in range(nb)]
-    views = [[memoryview(datas[i]) for i in s] for s in spans]
-    bbox = [boxes[s.start : s.stop] for s in spans]
-    bflip = [flips[s.start : s.stop] for s in spans]
-    whole = NvImageCodecDecoder(device, OUT, OUT, decoder.resample)
-    roi = NvImageCodecDecoder(device, OUT, OUT, decoder.resample, roi=True)
-    for d in (whole, roi):
-        d.start()
-    index = device.index or 0
-    codes = {
-        name: [[c for _, c, _ in prepare(d, views[k], bbox[k])[0]] for k in range(nb)]
-        for name, d in (("whole", whole), ("roi", roi))
-    }
-    out = torch.empty((args.batch, 3, OUT, OUT), dtype=torch.uint8, device=device)
-    rows = list(out)
+    columns = [samples[k * args.batch : (k + 1) * args.batch] for k in range(nb)]
+    encoded = [EncodedBatch.of(c) for c in columns]
+    views = [[e.encoded(i) for i in range(len(e.gpu_rows))] for e in encoded]
+    labels = [torch.arange(args.batch, dtype=torch.int64) for _ in range(nb)]
 
-    def nv_stage(name: str, kind: str, **kw: Any) -> Stage:
+    nvd = NvImageCodecDecoder(device)
+    nvd.start()
+    index = device.index or 0
+    codes = [
+        [nvd._parse(v, e.sizes[i]) for i, v in enumerate(vs)] for e, vs in zip(encoded, views, strict=True)
+    ]
+    with on_stream(device, stream):
+        buffers = [
+            torch.zeros(
+                (len(e.gpu_rows), *(int(v) for v in e.sizes.max(axis=0)), 3), dtype=torch.uint8, device=device
+            )
+            for e in encoded
+        ]
+    sync()
+
+    def nv_stage(name: str, **kw: Any) -> Stage:
         try:
             kw = {k: v() if callable(v) else v for k, v in kw.items()}  # backends: made here
             dec = nv.Decoder(device_id=index, **{"max_num_cpu_threads": 1, "options": OPTIONS, **kw})
         except Exception as e:  # noqa: BLE001 - reported in the table
-            return Stage(name, args.batch, error=f"Decoder: {type(e).__name__}: {e}"[:160])
-        params = whole._params
+            return Stage(name, args.batch, error=f"Decoder: {error_text(e)}")
+        params = nvd._params
+        handle = getattr(stream, "cuda_stream", 0)
         return time_stage(
             name,
-            lambda k: list(dec.decode(codes[kind][k], params=params, cuda_stream=stream.cuda_stream)),
+            lambda k: list(dec.decode(codes[k], params=params, cuda_stream=handle)),
             nb,
             args.repeats,
             args.batch,
             sync,
         )
 
-    gpu_only = _gpu_backends(nv)
-    stages = [
-        nv_stage("a nvimgcodec whole", "whole"),
-        nv_stage("a2 nvimgcodec whole, gpu backends", "whole", backends=gpu_only),
-        nv_stage("b nvimgcodec roi", "roi"),
-        nv_stage("b2 nvimgcodec roi, gpu backends", "roi", backends=gpu_only),
-        nv_stage("b3 nvimgcodec roi, enable_roi_fancy_upsampling=1", "roi", options=ROI_ON),
-        nv_stage("b4 nvimgcodec roi, all CPU threads", "roi", max_num_cpu_threads=0),
-    ]
-    for name, d in (("c aioloader whole", whole), ("c2 aioloader roi", roi)):
-        stages.append(
-            time_stage(
-                name,
-                lambda k, d=d: d.decode(views[k], bbox[k], bflip[k], rows, stream),
-                nb,
-                args.repeats,
-                args.batch,
-                sync,
-            )
-        )
-    for name, d in (("d host prep whole", whole), ("d2 host prep roi", roi)):
-        stages.append(
-            time_stage(name, lambda k, d=d: prepare(d, views[k], bbox[k]), nb, args.repeats, args.batch, sync)
-        )
-    stages.append(finish_stage(whole, views, bbox, bflip, rows, stream, args, sync))
-    print(table(stages), flush=True)
-    print(f"\n# nvJPEG libraries loaded: {', '.join(loaded_libraries()) or 'none found'}", flush=True)
-    for name, d in (("c aioloader whole", whole), ("c2 aioloader roi", roi)):
+    stages = [nv_stage(A), nv_stage(A2, backends=_gpu_backends(nv))]
 
-        def batches(d: Any = d) -> None:
+    def decode_into(k: int) -> list[int]:
+        with on_stream(device, stream):
+            return nvd.decode(views[k], encoded[k].sizes, buffers[k], stream)
+
+    stages.append(time_stage(B, decode_into, nb, args.repeats, args.batch, sync))
+    profiled: list[tuple[str, Callable[[int], Any]]] = [(B, decode_into)]
+    with_ops(stages[-1], lambda: decode_into(0))
+
+    # The decode thread's and the bridge's steps, as the loader runs them (CPU copier here
+    # where there is no CUDA: the same code path, copies being no-ops).
+    counters = Counters()
+    counters.device = DeviceDecodeStats()
+    dd = DeviceDecode(
+        decoder,
+        device,
+        counters,
+        FailurePolicy("raise", None, counters),
+        make=lambda _, d: NvImageCodecDecoder(d),
+    )
+    copier = DeviceCopier(device, pin_memory=True)
+    copier.start()
+    dd.start()
+
+    def begin(k: int) -> list[int]:
+        started = dd._begin(encoded[k])
+        if started.error is not None:
+            raise started.error
+        return started.failed
+
+    stages.append(time_stage(B2, begin, nb, args.repeats, args.batch, sync))
+    with_ops(stages[-1], lambda: begin(0))
+
+    stages.append(
+        time_stage(C, lambda k: EncodedBatch.of(columns[k]), nb, args.repeats, args.batch, lambda: None)
+    )
+
+    def plan(k: int) -> Any:
+        col = columns[k]
+        return plan_batch(
+            np.array([s.box for s in col], dtype=np.float64),
+            np.array([s.flip for s in col], dtype=np.bool_),
+            np.array([s.size for s in col], dtype=np.int64),
+            OUT,
+            OUT,
+            decoder.resample,
+        )
+
+    stages.append(time_stage(C2, plan, nb, args.repeats, args.batch, lambda: None))
+
+    # d: the resize alone, the taps already on the device, over buffers decoded beforehand.
+    resize_ops: Counter[str] = Counter()
+    kernels = "n/a (no CUDA)"
+    try:
+        for k in range(nb):
+            decode_into(k)
+        with on_stream(device, stream):
+            taps = [
+                tuple(torch.from_numpy(a).to(device) for a in (e.xindex, e.xcoef, e.yindex, e.ycoef))
+                for e in encoded
+            ]
+        sync()
+
+        def resize(k: int) -> Any:
+            e, (xi, xc, yi, yc) = encoded[k], taps[k]
+            dx, nx, dy, ny = e.digits
+            with on_stream(device, stream):
+                return resize_batch(buffers[k], (xi, xc, dx, nx), (yi, yc, dy, ny), e.across_first)
+
+        stages.append(time_stage(D, resize, nb, args.repeats, args.batch, sync))
+        resize_ops = with_ops(stages[-1], lambda: resize(0))
+        if device.type == "cuda" and stages[-1].error is None:
+            kernels = kernel_line(lambda: resize(0), sync)
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        traceback.print_exc(file=sys.stderr)
+        stages.append(Stage(D, args.batch, error=error_text(e)))
+
+    # e: the bridge's per-batch work over batches the decode thread began beforehand.
+    try:
+        started = [dd._begin(e) for e in encoded]
+        sync()
+
+        def finish(k: int) -> Any:
+            out = dd.finish((started[k], labels[k]), copier)
+            moved, _ = copier.to_device(out)
+            copier.settle(keep=1)
+            return moved
+
+        stages.append(time_stage(E, finish, nb, args.repeats, args.batch, sync))
+        profiled.append((E, finish))
+        with_ops(stages[-1], lambda: finish(0))
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        traceback.print_exc(file=sys.stderr)
+        stages.append(Stage(E, args.batch, error=error_text(e)))
+
+    print(table(stages, args.batch), flush=True)
+    print(
+        f"\n# before: RESULTS §30, the per-image path on an H200 (batches of {BEFORE_BATCH}, scaled to "
+        f"{args.batch}): decode, host prep and the per-image resize all on the transfer thread, in one call",
+        flush=True,
+    )
+    print(bridge_line(stages[-1]), flush=True)
+    print(f"# d resize, one call: {ops_line(resize_ops)}; {kernels}", flush=True)
+    print(f"# nvJPEG libraries loaded: {', '.join(loaded_libraries()) or 'none found'}", flush=True)
+    for name, fn in profiled:
+
+        def batches(fn: Callable[[int], Any] = fn) -> None:
             for k in range(args.profile_batches):
-                d.decode(views[k % nb], bbox[k % nb], bflip[k % nb], rows, stream)
+                fn(k % nb)
             sync()
 
         print(
             f"\n## cProfile, {name}: {args.profile_batches} batches of {args.batch}, top 25 by cumulative time\n"
         )
         print(top_profile(batches), flush=True)
-    for d in (whole, roi):
-        d.close()
+    copier.settle()
+    dd.close()
+    copier.close()
+    nvd.close()
     print(f"# {PREFIX}: done in {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
-
-
-def finish_stage(
-    dec: Any,
-    views: list[list[memoryview]],
-    bbox: list[np.ndarray],
-    bflip: list[np.ndarray],
-    rows: list[Any],
-    stream: Any,
-    args: argparse.Namespace,
-    sync: Callable[[], None],
-) -> Stage:
-    """``e``: the per-image crop, resize and flip of ``dec.decode`` alone, over images
-    decoded (whole) beforehand, batch 0's."""
-    import torch
-
-    try:
-        parsed, taps = prepare(dec, views[0], bbox[0])
-        images = dec._decode_all([c for _, c, _ in parsed], stream)
-        sync()
-    except Exception as e:  # noqa: BLE001 - reported in the table
-        return Stage("e finish loop", args.batch, error=f"{type(e).__name__}: {e}"[:160])
-    device = rows[0].device
-
-    def finish(_: int) -> None:
-        with torch.cuda.stream(stream) if device.type == "cuda" else _null():
-            xi, xw, yi, yw = (torch.from_numpy(a).to(device, non_blocking=True) for a in taps)
-            for j, (i, _, w) in enumerate(parsed):
-                if images[j] is not None:
-                    dec._finish(
-                        images[j],
-                        (w[3] - w[1], w[2] - w[0]),
-                        (xi[j], xw[j]),
-                        (yi[j], yw[j]),
-                        bool(bflip[0][i]),
-                        rows[i],
-                    )
-
-    return time_stage("e finish loop", finish, 1, args.repeats, args.batch, sync)
 
 
 def _gpu_backends(nv: Any) -> Callable[[], list[Any]]:
@@ -396,14 +609,6 @@ def _gpu_backends(nv: Any) -> Callable[[], list[Any]]:
     return lambda: [
         nv.Backend(getattr(nv.BackendKind, k)) for k in ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU")
     ]
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 if __name__ == "__main__":

@@ -39,6 +39,15 @@ exited meanwhile are the process total less the live threads), the whole process
 per batch (``/proc`` walk: live descendants and those reaped), and for ``aioloader-gpu`` the
 shares of samples decoded on the GPU and by CPU workers (``loader.stats.device_decode``).
 
+GPU utilization (the ``GPU util`` column): NVML's ``utilization.gpu`` (the share of time a
+kernel ran on the GPU, over NVML's own sample period of 1/6 to 1 s), sampled every 100 ms by
+a thread (``gpu-util``) throughout each measurement and averaged over the steady epochs
+(2..N), medians over the rounds; for ``gpu-limit``, over its timed steps. The first source
+whose one reading works: NVML through ctypes (``libnvidia-ml.so.1``, the driver's), then
+``torch.cuda.utilization`` (needs pynvml), then ``nvidia-smi --query-gpu=utilization.gpu
+-lms 100`` (a process whose CPU is left out of the tree's); "n/a" where none works (the
+header says why). Its thread's CPU is the trainer's (a few microseconds a reading).
+
     python benchmarks/gpu_train.py [--models resnet18,resnet50] [--images 6000] [--batch 256]
                                    [--epochs 3] [--rounds 2] [--root DIR] [--quick]
                                    [--variants dataloader,aioloader-cpu,aioloader-imagedecoder,aioloader-gpu]
@@ -54,7 +63,9 @@ import math
 import os
 import re
 import shlex
+import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -273,6 +284,191 @@ def parse_names(value: str, allowed: Sequence[str] | None, what: str) -> list[st
     return names
 
 
+def parse_utilization(line: str) -> float | None:
+    """A GPU utilization in percent from a line of ``nvidia-smi --query-gpu=utilization.gpu
+    --format=csv,noheader,nounits`` (``"87"``; ``"87 %"`` with units); None for what is no
+    number (``[N/A]``, ``[Not Supported]``, an error message, a blank line) or out of 0..100."""
+    text = line.strip().removesuffix("%").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 100.0 else None
+
+
+def mean_since(samples: Sequence[tuple[float, float]], since: float) -> float:
+    """The mean of the ``(time, value)`` samples taken at ``since`` or later; all of them
+    where none was (a span shorter than the sampling interval); NaN without any."""
+    if not samples:
+        return float("nan")
+    kept = [v for t, v in samples if t >= since] or [v for _, v in samples]
+    return sum(kept) / len(kept)
+
+
+def util_cell(values: Iterable[float]) -> str:
+    """The median GPU utilization over the rounds (``87%``), "n/a" where none was sampled."""
+    value = median(values)
+    return "n/a" if math.isnan(value) else f"{value:.0f}%"
+
+
+def smi_id(props: Any, index: int) -> str:
+    """How ``nvidia-smi -i`` names the device of ``props`` (``torch.cuda.get_device_properties``):
+    its UUID (``GPU-...``), which does not depend on ``CUDA_VISIBLE_DEVICES`` as PyTorch's
+    index does; the index where the properties have no UUID."""
+    uuid = str(getattr(props, "uuid", "") or "")
+    if not uuid:
+        return str(index)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+class GpuUtil:
+    """GPU utilization (percent of the time a kernel ran, NVML's ``utilization.gpu``) sampled
+    on a thread of its own, ``gpu-util``, while a measurement runs: from ``command`` (a
+    process printing one reading a line: ``nvidia-smi ... -lms 100``), or else by calling
+    ``query`` every ``interval`` seconds (``torch.cuda.utilization``, which needs pynvml).
+    ``samples``: ``(time.perf_counter(), percent)``; readings that are no number are left out.
+    The process's CPU (:meth:`child_cpu`) is the sampler's, not the loader's: :func:`measure`
+    leaves it out of the tree's CPU."""
+
+    def __init__(
+        self,
+        command: Sequence[str] | None = None,
+        query: Callable[[], float] | None = None,
+        interval: float = 0.1,
+    ) -> None:
+        if (command is None) == (query is None):
+            raise ValueError("GpuUtil: a command or a query, one of them")
+        self.command = list(command) if command is not None else None
+        self.query = query
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> GpuUtil:
+        if self.command is not None:
+            self._proc = subprocess.Popen(
+                self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1
+            )
+        self._thread = threading.Thread(target=self._run, name="gpu-util", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        if self._proc is not None:
+            assert self._proc.stdout is not None
+            for line in self._proc.stdout:
+                value = parse_utilization(line)
+                if value is not None:
+                    self.samples.append((time.perf_counter(), value))
+            return
+        assert self.query is not None
+        while not self._stop.is_set():
+            try:
+                value = parse_utilization(str(self.query()))
+            except Exception:  # noqa: BLE001 - a failed reading is a missing sample
+                value = None
+            if value is not None:
+                self.samples.append((time.perf_counter(), value))
+            self._stop.wait(self.interval)
+
+    def child_cpu(self) -> float:
+        """The sampling process's CPU seconds so far (0 without one, or once it is gone)."""
+        if self._proc is None:
+            return 0.0
+        cpu = process_cpu(f"/proc/{self._proc.pid}")
+        return 0.0 if math.isnan(cpu) else cpu
+
+    def stop(self) -> list[tuple[float, float]]:
+        """Stop sampling (the process ended, the thread joined); the samples."""
+        self._stop.set()
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._proc is not None and self._proc.stdout is not None:
+            self._proc.stdout.close()
+        return self.samples
+
+
+def nvml_query(device: str, library: str = "libnvidia-ml.so.1") -> Callable[[], float]:
+    """A call giving the utilization of ``device`` (a UUID ``GPU-...``, or NVML's index) from
+    NVML through ctypes: the library the driver installs and ``nvidia-smi`` reads, without
+    pynvml. OSError where the library, its start or the device is missing."""
+    import ctypes
+
+    lib = ctypes.CDLL(library)
+    if lib.nvmlInit_v2() != 0:
+        raise OSError("nvmlInit_v2 failed")
+    handle = ctypes.c_void_p()
+    if device.isdigit():
+        rc = lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(int(device)), ctypes.byref(handle))
+    else:
+        rc = lib.nvmlDeviceGetHandleByUUID(device.encode(), ctypes.byref(handle))
+    if rc != 0:
+        raise OSError(f"NVML: no device {device} (error {rc})")
+
+    class Utilization(ctypes.Structure):
+        _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+    def query() -> float:
+        found = Utilization()
+        rc = lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(found))
+        if rc != 0:
+            raise OSError(f"nvmlDeviceGetUtilizationRates: error {rc}")
+        return float(found.gpu)
+
+    return query
+
+
+def gpu_util_sampler(
+    torch: Any, index: int, interval_ms: int = 100
+) -> tuple[Callable[[], GpuUtil] | None, str]:
+    """``(a maker of GpuUtil, how it samples)`` for CUDA device ``index``, the first source
+    whose one reading works: NVML through ctypes (:func:`nvml_query`),
+    ``torch.cuda.utilization`` (pynvml), ``nvidia-smi``'s loop mode; ``(None, why)`` where
+    none does."""
+    why = []
+    try:
+        device = smi_id(torch.cuda.get_device_properties(index), index)
+    except Exception:  # noqa: BLE001 - NVML's index then
+        device = str(index)
+    interval = interval_ms / 1e3
+    queries: list[tuple[str, Callable[[], Callable[[], float]]]] = [
+        (f"NVML (ctypes), {device}", lambda: nvml_query(device)),
+        ("torch.cuda.utilization", lambda: lambda: float(torch.cuda.utilization(index))),
+    ]
+    for name, make in queries:
+        try:
+            query = make()
+            if parse_utilization(str(query())) is not None:
+                return (
+                    lambda q=query: GpuUtil(query=q, interval=interval)
+                ), f"{name}, every {interval_ms} ms"
+            why.append(f"{name}: no reading")
+        except Exception as e:  # noqa: BLE001 - missing library, NVML refusing: said in the report
+            why.append(f"{name}: {type(e).__name__}: {e}".splitlines()[0][:120])
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None, "; ".join([*why, "no nvidia-smi"])
+    query_smi = [smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", device]
+    try:
+        out = subprocess.run(query_smi, capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        out = f"{type(e).__name__}: {e}"
+    if len([v for v in map(parse_utilization, out.splitlines()) if v is not None]) == 1:
+        line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []  # a line as it comes
+        command = [*line_buffered, *query_smi, "-lms", str(interval_ms)]
+        return (lambda: GpuUtil(command=command)), f"nvidia-smi -i {device} -lms {interval_ms}"
+    return None, "; ".join([*why, f"nvidia-smi -i {device}: {out.strip()[:80] or 'no reading'}"])
+
+
 # -- measurements ------------------------------------------------------------------------------
 
 
@@ -287,6 +483,7 @@ class Result:
     tree_cpu: float  # the process tree's CPU seconds, all epochs
     threads: dict[str, float]  # trainer CPU seconds by thread group
     device_decode: dict[str, float] | None = None
+    gpu_util: float = float("nan")  # mean GPU utilization (%) over epochs 2..N; NaN: not sampled
 
     @property
     def rate(self) -> float:
@@ -468,9 +665,17 @@ class Trainer:
         return batch * steps / (time.perf_counter() - t0)
 
 
-def measure(make: Callable[[], Any], trainer: Trainer, epochs: int, to_device: bool) -> Result:
+def measure(
+    make: Callable[[], Any],
+    trainer: Trainer,
+    epochs: int,
+    to_device: bool,
+    util: Callable[[], GpuUtil] | None = None,
+) -> Result:
     """Construct a loader with ``make`` (the clock and the CPU counters start before) and
-    train ``epochs`` epochs on it; closed on return."""
+    train ``epochs`` epochs on it; closed on return. With ``util``, the GPU's utilization is
+    sampled throughout, its mean over the steady epochs (2..N) kept; the sampling process's
+    CPU is left out of the tree's."""
     import gc
 
     from userfns import tree_cpu
@@ -479,16 +684,26 @@ def measure(make: Callable[[], Any], trainer: Trainer, epochs: int, to_device: b
     gc.collect()
     sync(torch)
     process_comm = _process_comm()
+    sampler = util().start() if util is not None else None
     names = python_thread_names()
-    threads0, proc0, tree0 = thread_cpu(), process_cpu(), tree_cpu()
+    threads0, proc0 = thread_cpu(), process_cpu()
+    tree0 = tree_cpu() - (sampler.child_cpu() if sampler is not None else 0.0)
     t0 = time.perf_counter()
-    loader = make()
+    steady_from = t0
+    try:
+        loader = make()
+    except BaseException:
+        if sampler is not None:
+            sampler.stop()
+        raise
     dev = trainer.device
     try:
         eps: list[tuple[int, float]] = []
         first, batches = float("nan"), 0
         for e in range(epochs):
             start = t0 if e == 0 else time.perf_counter()
+            if e == 1:
+                steady_from = start
             if hasattr(loader, "set_epoch"):
                 loader.set_epoch(e)
             samples = 0
@@ -504,16 +719,19 @@ def measure(make: Callable[[], Any], trainer: Trainer, epochs: int, to_device: b
             sync(torch)
             eps.append((samples, time.perf_counter() - start))
         names.update(python_thread_names())
-        threads1, proc1, tree1 = thread_cpu(), process_cpu(), tree_cpu()
+        threads1, proc1 = thread_cpu(), process_cpu()
+        tree1 = tree_cpu() - (sampler.child_cpu() if sampler is not None else 0.0)
         counts = device_decode_counts(getattr(loader, "stats", None))
     finally:
+        samples = sampler.stop() if sampler is not None else []
         close = getattr(loader, "close", None)
         if close is not None:
             close()
         del loader  # DataLoader: its persistent workers stop with its iterator
         gc.collect()
     by_thread = thread_cpu_delta(threads0, threads1, names, process_comm, proc1 - proc0)
-    return Result(eps, first, batches, proc1 - proc0, tree1 - tree0, by_thread, counts)
+    util_mean = mean_since(samples, steady_from)
+    return Result(eps, first, batches, proc1 - proc0, tree1 - tree0, by_thread, counts, util_mean)
 
 
 def sync(torch: Any) -> None:
@@ -656,6 +874,13 @@ def run(args: argparse.Namespace, torch: Any, torchvision: Any) -> int:
     dev = torch.device(DEVICE)
     torch.backends.cudnn.benchmark = True
     header = machine_lines(torch, torchvision, cores)
+    util: Callable[[], GpuUtil] | None = None
+    util_how = f"not sampled: the device is {DEVICE}"
+    if DEVICE.startswith("cuda"):
+        util, util_how = gpu_util_sampler(
+            torch, dev.index if dev.index is not None else torch.cuda.current_device()
+        )
+    print(f"# GPU utilization: {util_how if util is not None else 'n/a: ' + util_how}", flush=True)
 
     gpu_decoder: Any = None
     gpu_unavailable: str | None = None
@@ -697,18 +922,30 @@ def run(args: argparse.Namespace, torch: Any, torchvision: Any) -> int:
     for model_name in args.models:
         trainer = Trainer(torch, torchvision, model_name, dev)
         gpu_limits: list[float] = []
+        gpu_utils: list[float] = []
         rows = {v: Row(v) for v in args.variants}
         if gpu_unavailable and "aioloader-gpu" in rows:
             rows["aioloader-gpu"].unavailable = gpu_unavailable
         trainer.gpu_limit(args.batch, steps=3, warmup=10)  # cudnn's autotuning, once
         for r in range(args.rounds):
-            gpu_limits.append(trainer.gpu_limit(args.batch, args.gpu_steps, warmup=3))
-            print(f"# {model_name} round {r + 1}: gpu-limit {gpu_limits[-1]:.0f} img/s", flush=True)
+            sampler = util().start() if util is not None else None
+            t_limit = time.perf_counter()
+            try:
+                gpu_limits.append(trainer.gpu_limit(args.batch, args.gpu_steps, warmup=3))
+            finally:
+                gpu_utils.append(mean_since(sampler.stop(), t_limit) if sampler is not None else float("nan"))
+            print(
+                f"# {model_name} round {r + 1}: gpu-limit {gpu_limits[-1]:.0f} img/s, "
+                f"GPU utilization {util_cell(gpu_utils[-1:])}",
+                flush=True,
+            )
             for variant, row in rows.items():
                 if row.unavailable:
                     continue
                 try:
-                    res = measure(make(variant, r), trainer, args.epochs, to_device=variant == "dataloader")
+                    res = measure(
+                        make(variant, r), trainer, args.epochs, to_device=variant == "dataloader", util=util
+                    )
                 except (TypeError, ValueError, ImportError) as e:
                     if variant != "aioloader-gpu":
                         raise
@@ -726,11 +963,12 @@ def run(args: argparse.Namespace, torch: Any, torchvision: Any) -> int:
                     f"# {model_name} round {r + 1}: {variant}: {res.rate:.0f} img/s steady, first batch "
                     f"{res.first_batch:.2f} s, epochs "
                     + ", ".join(f"{s / t:.0f}" for s, t in res.epochs)
-                    + f" img/s, trainer CPU {res.trainer_cpu / max(res.batches, 1) * 1e3:.0f} ms/batch",
+                    + f" img/s, trainer CPU {res.trainer_cpu / max(res.batches, 1) * 1e3:.0f} ms/batch, "
+                    f"GPU utilization {util_cell([res.gpu_util])}",
                     flush=True,
                 )
         sections.append(
-            section(model_name, rows, median(gpu_limits), gpu_limits, decode_limit, limits, cores)
+            section(model_name, rows, median(gpu_limits), gpu_limits, decode_limit, limits, cores, gpu_utils)
         )
         del trainer
         torch.cuda.empty_cache()
@@ -745,6 +983,7 @@ def run(args: argparse.Namespace, torch: Any, torchvision: Any) -> int:
         f"{args.epochs} epochs per measurement (start-up included), steady rate from epochs 2..{args.epochs}; "
         f"{args.rounds} interleaved rounds, medians; DataLoader num_workers={cores}, pin_memory=True"
     )
+    print(f"- GPU utilization (mean over epochs 2..{args.epochs}, medians of the rounds): {util_how}")
     for text in sections:
         print()
         print(text)
@@ -759,8 +998,10 @@ def section(
     decode_limit: float,
     limits: Mapping[str, tuple[float, float]],
     cores: int,
+    gpu_utils: Sequence[float] = (),
 ) -> str:
-    """The report of one model: the main table, then the trainer's CPU by thread."""
+    """The report of one model: the main table, then the trainer's CPU by thread.
+    ``gpu_utils``: the GPU's utilization during gpu-limit, per round."""
     peer = rows.get("dataloader")
     peer_rate = median(r.rate for r in peer.results) if peer and peer.results else float("nan")
     headers = [
@@ -769,6 +1010,7 @@ def section(
         "per round",
         "vs DataLoader",
         "share of gpu-limit",
+        "GPU util",
         "share of decode-limit",
         "start-up s (first batch)",
         "trainer CPU ms/batch",
@@ -790,6 +1032,7 @@ def section(
                 ", ".join(fmt(r.rate) for r in row.results),
                 fmt(ratio(rate, peer_rate), ".2f", "x"),
                 fmt(ratio(rate, gpu_limit), ".0%"),
+                util_cell(r.gpu_util for r in row.results),
                 fmt(ratio(rate, decode_limit), ".0%"),
                 fmt(median(r.first_batch for r in row.results), ".2f"),
                 fmt(median(r.trainer_cpu / max(r.batches, 1) * 1e3 for r in row.results), ".0f"),
@@ -800,8 +1043,9 @@ def section(
         if row.unavailable:  # failed in a later round
             table[-1][-1] += f" ({row.unavailable})"
     table.append(
-        ["gpu-limit (batch on the GPU)", fmt(gpu_limit), ", ".join(fmt(v) for v in gpu_limits)]
-        + [dash] * (len(headers) - 3)
+        ["gpu-limit (batch on the GPU)", fmt(gpu_limit), ", ".join(fmt(v) for v in gpu_limits), dash, dash]
+        + [util_cell(gpu_utils)]
+        + [dash] * (len(headers) - 6)
     )
     for name, (rate, single) in limits.items():
         label = f"decode-limit, {name}: {cores} processes (1 core x {cores}: {single * cores:.0f})"

@@ -171,6 +171,150 @@ def test_threads_cell_and_device_decode_cells() -> None:
     assert gpu_train.decode_share_cell(None) == "-"
 
 
+def test_parse_utilization_reads_nvidia_smis_lines() -> None:
+    parse = gpu_train.parse_utilization
+    assert parse("87\n") == 87.0 and parse(" 5 ") == 5.0 and parse("87 %") == 87.0 and parse("0") == 0.0
+    for line in ("[N/A]", "[Not Supported]", "", "No devices were found", "101", "-1", "nan"):
+        assert parse(line) is None, line
+
+
+def test_mean_since_util_cell_and_smi_id() -> None:
+    samples = [(1.0, 10.0), (2.0, 50.0), (3.0, 70.0)]
+    assert gpu_train.mean_since(samples, 2.0) == 60.0
+    assert gpu_train.mean_since(samples, 9.0) == 130.0 / 3  # none since: all of them
+    assert math.isnan(gpu_train.mean_since([], 0.0))
+    nan = float("nan")
+    assert gpu_train.util_cell([50.0, nan, 70.0]) == "60%" and gpu_train.util_cell([nan]) == "n/a"
+    assert gpu_train.util_cell([]) == "n/a"
+    assert gpu_train.smi_id(SimpleNamespace(uuid="6c1b-77"), 1) == "GPU-6c1b-77"
+    assert gpu_train.smi_id(SimpleNamespace(uuid="GPU-6c1b"), 1) == "GPU-6c1b"
+    assert gpu_train.smi_id(SimpleNamespace(uuid="MIG-ab"), 1) == "MIG-ab"
+    assert gpu_train.smi_id(SimpleNamespace(total_memory=0), 3) == "3"
+
+
+def wait_for_samples(sampler: object, n: int) -> None:
+    """Until ``sampler`` holds ``n`` samples (a generous bound for a loaded machine)."""
+    deadline = time.monotonic() + 60
+    while len(sampler.samples) < n and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)
+
+
+def test_gpu_util_polls_its_query_on_a_thread_and_skips_failed_readings() -> None:
+    readings = iter(["30", "[N/A]", RuntimeError("NVML gone"), 50.0])
+
+    def query() -> object:
+        value = next(readings, 50.0)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    sampler = gpu_train.GpuUtil(query=query, interval=0.001).start()
+    try:
+        wait_for_samples(sampler, 3)
+        names = gpu_train.python_thread_names().values()
+        assert "gpu-util" in names
+        assert sampler.child_cpu() == 0.0
+    finally:
+        samples = sampler.stop()
+    values = [v for _, v in samples]
+    assert values[:2] == [30.0, 50.0] and set(values) == {30.0, 50.0}
+    assert "gpu-util" not in gpu_train.python_thread_names().values()
+    with pytest.raises(ValueError):
+        gpu_train.GpuUtil()
+    with pytest.raises(ValueError):
+        gpu_train.GpuUtil(command=["x"], query=lambda: 1.0)
+
+
+def test_gpu_util_reads_a_sampling_process_and_ends_it() -> None:
+    """The nvidia-smi loop's way: a process printing a reading a line, ended on stop."""
+    script = "import sys, time\nfor x in ('12', '[N/A]', '40 %'):\n    print(x, flush=True)\ntime.sleep(60)\n"
+    sampler = gpu_train.GpuUtil(command=[sys.executable, "-c", script]).start()
+    try:
+        wait_for_samples(sampler, 2)
+        assert sampler.child_cpu() >= 0.0
+    finally:
+        samples = sampler.stop()
+    assert [v for _, v in samples] == [12.0, 40.0]
+    assert sampler._proc is not None and sampler._proc.poll() is not None  # ended, reaped
+    assert sampler.child_cpu() == 0.0  # gone
+
+
+def test_gpu_util_sampler_chooses_a_working_source_or_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_nvml(device: str, library: str = "") -> object:
+        raise OSError(f"libnvidia-ml.so.1: cannot open ({device})")
+
+    monkeypatch.setattr(gpu_train, "nvml_query", no_nvml)
+    monkeypatch.setattr(gpu_train.shutil, "which", lambda name: None)
+
+    def no_pynvml(index: int) -> int:
+        raise ModuleNotFoundError("No module named 'pynvml'")
+
+    cuda = SimpleNamespace(
+        get_device_properties=lambda i: SimpleNamespace(uuid="ab-12"), utilization=no_pynvml
+    )
+    make, why = gpu_train.gpu_util_sampler(SimpleNamespace(cuda=cuda), 0)
+    assert make is None
+    assert why == (
+        "NVML (ctypes), GPU-ab-12: OSError: libnvidia-ml.so.1: cannot open (GPU-ab-12); "
+        "torch.cuda.utilization: ModuleNotFoundError: No module named 'pynvml'; no nvidia-smi"
+    )
+    cuda.utilization = lambda index: 42
+    make, how = gpu_train.gpu_util_sampler(SimpleNamespace(cuda=cuda), 0, interval_ms=5)
+    assert make is not None and how == "torch.cuda.utilization, every 5 ms"
+    sampler = make()
+    assert sampler.query is not None and sampler.query() == 42.0 and sampler.interval == 0.005
+
+
+def test_nvml_query_without_the_library_is_an_oserror() -> None:
+    with pytest.raises(OSError):
+        gpu_train.nvml_query("GPU-0", library="libnvidia-ml-not-here.so.1")
+
+
+def test_measure_keeps_the_steady_epochs_utilization_and_stops_the_sampler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Epoch 1 reads 10%, epochs 2.. 90%: the mean is the steady epochs' alone; the sampler
+    has ended once ``measure`` returns."""
+    monkeypatch.setattr(gpu_train, "DEVICE", "cpu")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # userfns.tree_cpu
+    steady = threading.Event()
+    made: list[object] = []
+
+    def util() -> object:
+        sampler = gpu_train.GpuUtil(query=lambda: 90.0 if steady.is_set() else 10.0, interval=0.001)
+        made.append(sampler)
+        return sampler
+
+    def count(value: float) -> int:
+        return sum(1 for _, v in made[0].samples if v == value)  # type: ignore[attr-defined]
+
+    def until(cond: object) -> None:
+        deadline = time.monotonic() + 60
+        while not cond() and time.monotonic() < deadline:  # type: ignore[operator]
+            time.sleep(0.005)
+
+    calls = []
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        calls.append(len(labels))
+        if len(calls) == 1:
+            until(lambda: count(10.0) >= 1)
+        if len(calls) == 2:  # the last batch of epoch 1
+            steady.set()
+        if len(calls) == 3:  # epoch 2 under way: two readings of it
+            n = count(90.0)
+            until(lambda: count(90.0) >= n + 2)
+
+    batches = [(torch.zeros(4, 3, 2, 2), torch.zeros(4, dtype=torch.int64))] * 2
+    trainer = SimpleNamespace(torch=torch, device=torch.device("cpu"), step=step)
+    res = gpu_train.measure(lambda: batches, trainer, epochs=2, to_device=False, util=util)
+    assert len(calls) == 4 and res.batches == 4 and len(made) == 1
+    assert count(10.0) >= 1 and res.gpu_util == 90.0
+    assert "gpu-util" not in gpu_train.python_thread_names().values()
+    res = gpu_train.measure(lambda: batches, trainer, epochs=1, to_device=False)
+    assert math.isnan(res.gpu_util)
+
+
 DRY_RUN = """
 import sys, types, warnings
 import torch
@@ -225,3 +369,9 @@ def test_a_whole_run_on_the_cpu_with_a_stand_in_model(tmp_path: Path) -> None:
     assert not any(name.startswith("decode-limit, ImageDecoder") for name in rows)  # not asked for
     assert "gpu-limit (batch on the GPU)" in rows
     assert "MainThread" in out  # the trainer's CPU by thread
+    headers = main_table.split("| loader | ", 1)[1].split(" |\n", 1)[0].split(" | ")
+    util = headers.index("GPU util") + 1
+    assert rows["dataloader"][util] == rows["aioloader-cpu"][util] == "n/a"  # not sampled on the CPU
+    assert rows["gpu-limit (batch on the GPU)"][util] == "n/a"
+    assert "# GPU utilization: n/a: not sampled: the device is cpu" in out
+    assert "- GPU utilization (mean over epochs 2..2, medians of the rounds): not sampled" in out
