@@ -12,7 +12,7 @@ device decode's loader side (its bridge side is ``run/devdecode.py``).
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |
 | ``ondevice.py`` | ``ImageDecoder(device=...)``'s stage: what the GPU decodes, what the CPU, the windows |
 | ``jpeg.py`` | pure: a JPEG's frame header, and whether the device takes it |
-| ``hybrid.py`` | pure: the CPU workers' measured share of each batch beside the GPU |
+| ``hybrid.py`` | pure: the CPU workers' share of each batch beside the GPU, steered by the trainer's wait |
 | ``encoded.py`` | encoded images and the half-decoded batch that crosses to the bridge |
 | ``batchdec.py`` | batch decoders: the part that decodes a batch on the device (Pillow's for CI) |
 | ``shrink.py`` | ``Cache(max_side=N)``: the small JPEG a worker makes, then decodes |
