@@ -14,10 +14,11 @@ Two channels join it to the trainer (:mod:`aioloader.run.procruntime`)::
                 ("close",) --->  loader
     trainer <-- the same Connection: ("ready",) ("item", id, ...) ("end", id, ...)
                 ("fail", id, ...) ("log", record) ("closed", cache) -------------  loader
-    trainer --- back pipe, one os.write per line: b"R <slab>" (a batch's views are all
-                garbage) b"C <id>" (the bridge took an item: one more may be sent)
-                b"W <seconds> <batches>" (the trainer's totals of seconds waited for
-                batches and batches delivered, written with a C line when they grew) --->
+    trainer --- back pipe, one os.write per line (a C line and its W line in one):
+                b"R <slab>" (a batch's views are all garbage) b"C <id>" (the bridge
+                took an item: one more may be sent) b"W <seconds> <batches>" (the
+                trainer's totals of seconds waited for batches and batches delivered,
+                with a C line when they grew) ---> loader
 
 The W line steers the device decode's hybrid share by the trainer's wait
 (:mod:`aioloader.observe.trainerwait`): the loader process's meter is set to its totals.
