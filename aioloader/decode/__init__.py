@@ -12,7 +12,7 @@ device decode's loader side (its bridge side is ``run/devdecode.py``).
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |
 | ``ondevice.py`` | ``ImageDecoder(device=...)``'s stage: what the GPU decodes, what the CPU, the windows |
 | ``jpeg.py`` | pure: a JPEG's frame header, and whether the device takes it |
-| ``hybrid.py`` | pure: the CPU workers' measured share of each batch beside the GPU |
+| ``hybrid.py`` | pure: the CPU workers' share of each batch beside the GPU, steered by the trainer's wait |
 | ``encoded.py`` | encoded images and the half-decoded batch that crosses to the bridge, with its plan |
 | ``taps.py`` | pure: Pillow's fixed-point resampling taps for a batch, the resize's plan |
 | ``resize.py`` | a batch's crop-resize-flip in a few tensor operations, Pillow-exact, TF32-proof |

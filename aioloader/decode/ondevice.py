@@ -8,7 +8,8 @@ the local pool's stage (:class:`~aioloader.decode.stage.DecodeStage`) and, per c
 1. screens each sample's first bytes and its last (:mod:`aioloader.decode.jpeg`): what the
    device cannot take, and a JPEG cut short, go to the CPU workers (counted by reason);
 2. gives the CPU workers their share of the rest (:mod:`aioloader.decode.hybrid`), the
-   chunk's last rows, measured from the workers' utilization;
+   chunk's last rows, steered by the workers' utilization and the trainer's wait for batches
+   (:mod:`aioloader.observe.trainerwait`);
 3. answers every other sample with :class:`~aioloader.memory.results.Deferred`: an
    :class:`~aioloader.decode.encoded.EncodedImage` whose window is drawn from
    ``(seed, epoch, index)`` as :meth:`~aioloader.ImageDecoder.window` draws it in a worker.
@@ -33,6 +34,7 @@ from aioloader.decode.image import ImageDecoder
 from aioloader.decode.jpeg import JpegHeader, jpeg_complete, jpeg_header, not_on_device
 from aioloader.memory.results import Deferred
 from aioloader.observe.stages import StageMeter, between, utilization
+from aioloader.observe.trainerwait import TrainerWait, WaitReading, wait_share
 
 if TYPE_CHECKING:
     from aioloader.memory.slabs import Slab
@@ -46,8 +48,10 @@ def sample_generator(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 class DeviceDecodeStage:
-    """See the module docstring. ``report(cpu, reasons, share)`` is told, per chunk, how many
-    samples went to the CPU workers and why (:meth:`~aioloader.observe.stats.Counters.device_loader_side`)."""
+    """See the module docstring. ``report(cpu, reasons, share, why)`` is told, per chunk, how
+    many samples went to the CPU workers and why, and the share now and why
+    (:meth:`~aioloader.observe.stats.Counters.device_loader_side`); ``wait``: the trainer's
+    wait meter the share is steered by (None: by the workers' utilization alone)."""
 
     def __init__(
         self,
@@ -57,8 +61,9 @@ class DeviceDecodeStage:
         seed: int,
         path_of: Callable[[int], str],
         meter: StageMeter,
-        report: Callable[[int, dict[str, int], float], None],
+        report: Callable[[int, dict[str, int], float, str], None],
         share: HybridShare | None = None,
+        wait: TrainerWait | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inner = inner
@@ -70,6 +75,11 @@ class DeviceDecodeStage:
         self.share = share if share is not None else HybridShare()
         self._clock = clock
         self._last = meter.snapshot(percentiles=False)
+        self._wait = wait
+        # The wait meter's reading the next wait share is measured from, when it was taken,
+        # and the latest share measured (None before the first).
+        self._wait_from: tuple[WaitReading, float] | None = None
+        self._wait_seen: float | None = None
         self.chunk = inner.chunk
         self.probes = inner.probes
         self.samples_in_flight = inner.samples_in_flight
@@ -121,7 +131,7 @@ class DeviceDecodeStage:
                 outcomes[p] = outcome
         for p, header in device:
             outcomes[p] = Deferred(self._encoded(epoch, items[p][1], bytes(datas[p]), header))
-        self._report(len(cpu), dict(reasons), self.share.share)
+        self._report(len(cpu), dict(reasons), self.share.share, self.share.reason)
         return [o for o in outcomes if o is not None]
 
     def _encoded(self, epoch: int, index: int, data: bytes, header: JpegHeader) -> EncodedImage:
@@ -134,13 +144,29 @@ class DeviceDecodeStage:
         return EncodedImage(data, box, flip, index, path, dec.height, dec.width, size, dec.resample)
 
     def _adjust(self) -> None:
-        """Move the workers' share by their utilization since the last adjustment."""
+        """Move the workers' share by their utilization and the trainer's wait since the
+        last adjustment."""
         now = self._clock()
+        if self._wait is not None and self._wait_from is None:
+            self._wait_from = (self._wait.totals(), now)
         if not self.share.due(now):
             return
         snap = self._meter.snapshot(percentiles=False)
-        self.share.observe(utilization(between(self._last, snap)), now)
+        self.share.observe(utilization(between(self._last, snap)), now, self._trainer_wait(now))
         self._last = snap
+
+    def _trainer_wait(self, now: float) -> float | None:
+        """The trainer's wait share since the last batch it was measured at; with no batch
+        delivered since, the latest measured (a trainer in a long step would otherwise flip
+        the share to the workers' rule every other interval), None before the first."""
+        if self._wait is None or self._wait_from is None:
+            return None
+        reading = self._wait.totals()
+        (before, since) = self._wait_from
+        measured = wait_share(before, reading, now - since)
+        if measured is not None:
+            self._wait_from, self._wait_seen = (reading, now), measured
+        return self._wait_seen
 
 
 def _bytes_of(src: object, arena: memoryview | None) -> bytes | memoryview:

@@ -84,6 +84,9 @@ def decode_stage(
             path_of=dataset.path,
             meter=counters.meters["decode"],
             report=counters.device_loader_side,
+            # What the trainer waited for batches steers the workers' share: fed by the
+            # trainer's cursor, or in a loader process by the trainer's back-pipe lines.
+            wait=counters.trainer_wait,
         )
     return stage
 

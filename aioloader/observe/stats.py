@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, counted, diagnose
 from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stages import STAGES, StageMeter, StageStats, between
+from aioloader.observe.trainerwait import TrainerWait
 from aioloader.observe.wheredecoded import (
     ClusterStats,
     DeviceDecodeStats,
@@ -125,7 +126,8 @@ class Counters:
         self.batches = 0
         self.attempted = 0  # samples whose read started, for a fractional max_failures
         self.bytes_read = 0
-        self.wait_seconds = 0.0
+        #: Seconds waited, batches delivered: stats, and the device decode's steer (trainerwait.py).
+        self.trainer_wait = TrainerWait()
         self.failures: Counter[str] = Counter()
         # A loader process's failures as last absorbed: added to this side's (the bridge's).
         self._absorbed_failures: Counter[str] = Counter()
@@ -193,7 +195,7 @@ class Counters:
             self.batches += 1
             self.epoch_samples += samples
             self.epoch_batches += 1
-            self.wait_seconds += waited
+            self.trainer_wait.delivered(waited)
             self.epoch_wait += waited
             self._recent.append((now, waited, marks))
             check = self.epoch_batches % WINDOW == 0
@@ -332,7 +334,7 @@ class Counters:
             )
             device, cache = self.device, self.cache
         stages = {name: self.meters[name].snapshot() for name in ("read", "decode", "collate")}
-        side = None if device is None else (device.cpu, dict(device.fallbacks), device.share)
+        side = None if device is None else device.loader_side()
         return (*counts, stages, side, cache)
 
     def absorb(self, counts: LoaderSide) -> None:
@@ -352,11 +354,11 @@ class Counters:
             if device is not None:
                 self.device = with_loader_side(self.device, device)
 
-    def device_loader_side(self, cpu: int, reasons: dict[str, int], share: float) -> None:
+    def device_loader_side(self, cpu: int, reasons: dict[str, int], share: float, why: str) -> None:
         """The device decode's stage (loader side): ``cpu`` more samples for the workers,
-        ``reasons`` the counts of those the device could not take, the workers' ``share``."""
+        ``reasons`` the counts of those the device could not take, the workers' ``share``, ``why``."""
         with self._lock:
-            self.device = add_loader_side(self.device, cpu, reasons, share)
+            self.device = add_loader_side(self.device, cpu, reasons, share, why)
 
     def device_decoded(self, gpu: int, seconds: float, failed: int, undecodable: int = 0) -> None:
         """The bridge decoded ``gpu`` samples on the device in ``seconds``; ``failed`` more
@@ -380,7 +382,7 @@ class Counters:
                 last_failed_paths=tuple(self.failed_paths),
                 read_retries=self.read_retries,
                 worker_restarts=self.worker_restarts,
-                wait_seconds=self.wait_seconds,
+                wait_seconds=self.trainer_wait.totals()[0],
                 epoch=self.epoch,
                 epoch_samples=self.epoch_samples,
                 epoch_batches=self.epoch_batches,

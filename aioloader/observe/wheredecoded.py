@@ -25,8 +25,8 @@ BRIDGE_FALLBACK = "device decode failed"
 UNDECODABLE = "undecodable, skipped"
 
 #: The device decode's loader side: samples the CPU workers decoded, the samples sent to them
-#: by reason (not a JPEG the GPU takes, ...), the workers' share now.
-DeviceSide = tuple[int, dict[str, int], float]
+#: by reason (not a JPEG the GPU takes, ...), the workers' share now and why.
+DeviceSide = tuple[int, dict[str, int], float, str]
 
 
 @dataclass(frozen=True)
@@ -36,14 +36,22 @@ class DeviceDecodeStats:
     ``gpu``: samples decoded on the device; ``cpu``: by the CPU workers (their hybrid share,
     and the samples the device cannot take); ``fallbacks``: the samples the device could not
     decode, by reason (``"not a JPEG"``, ``"JPEG with 4 components"``, ``"device decode
-    failed"``, ...); ``share``: the CPU workers' share of each batch now (0..1);
-    ``gpu_seconds``: the bridging thread's time in the device decode."""
+    failed"``, ...); ``share``: the CPU workers' share of each batch now (0..1), steered by
+    their utilization and the trainer's wait for batches (:mod:`aioloader.decode.hybrid`);
+    ``share_reason``: the latest steering decision, what was seen and what was done (e.g.
+    ``"trainer waited 31%, workers busy 99%: the GPU takes more, share 40%"``; empty before
+    the first); ``gpu_seconds``: the bridging thread's time in the device decode."""
 
     gpu: int = 0
     cpu: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
     share: float = 0.0
     gpu_seconds: float = 0.0
+    share_reason: str = ""
+
+    def loader_side(self) -> DeviceSide:
+        """What the loader's stage counted, for :func:`with_loader_side` in another process."""
+        return (self.cpu, dict(self.fallbacks), self.share, self.share_reason)
 
     @property
     def cpu_fraction(self) -> float:
@@ -106,23 +114,24 @@ class ClusterStats:
 
 
 def add_loader_side(
-    mine: DeviceDecodeStats | None, cpu: int, reasons: dict[str, int], share: float
+    mine: DeviceDecodeStats | None, cpu: int, reasons: dict[str, int], share: float, why: str
 ) -> DeviceDecodeStats:
     """``mine`` with ``cpu`` more samples decoded by the workers, ``reasons`` more
-    fallbacks, and the workers' ``share`` now (the loader's stage, in its own process)."""
+    fallbacks, and the workers' ``share`` now and ``why`` (the loader's stage, in its own
+    process)."""
     mine = mine or DeviceDecodeStats()
     merged = Counter({k: v for k, v in mine.fallbacks.items() if k not in _BRIDGE})
     merged.update(reasons)
-    return with_loader_side(mine, (mine.cpu + cpu, dict(merged), share))
+    return with_loader_side(mine, (mine.cpu + cpu, dict(merged), share, why))
 
 
 def with_loader_side(mine: DeviceDecodeStats | None, side: DeviceSide) -> DeviceDecodeStats:
     """``mine`` with its loader side replaced by ``side`` (a loader process's totals); the
     bridge's counts stay."""
-    cpu, reasons, share = side
+    cpu, reasons, share, why = side
     mine = mine or DeviceDecodeStats()
     bridge = {k: v for k, v in mine.fallbacks.items() if k in _BRIDGE}
-    return replace(mine, cpu=cpu, fallbacks={**reasons, **bridge}, share=share)
+    return replace(mine, cpu=cpu, fallbacks={**reasons, **bridge}, share=share, share_reason=why)
 
 
 def add_bridge_side(

@@ -14,8 +14,14 @@ Two channels join it to the trainer (:mod:`aioloader.run.procruntime`)::
                 ("close",) --->  loader
     trainer <-- the same Connection: ("ready",) ("item", id, ...) ("end", id, ...)
                 ("fail", id, ...) ("log", record) ("closed", cache) -------------  loader
-    trainer --- back pipe, one os.write per line: b"R <slab>" (a batch's views are all
-                garbage) b"C <id>" (the bridge took an item: one more may be sent) --->
+    trainer --- back pipe, one os.write per line (a C line and its W line in one):
+                b"R <slab>" (a batch's views are all garbage) b"C <id>" (the bridge
+                took an item: one more may be sent) b"W <seconds> <batches>" (the
+                trainer's totals of seconds waited for batches and batches delivered,
+                with a C line when they grew) ---> loader
+
+The W line steers the device decode's hybrid share by the trainer's wait
+(:mod:`aioloader.observe.trainerwait`): the loader process's meter is set to its totals.
 
 Flow control: at most ``prefetch`` items of a run are sent and not yet taken. A batch's
 value is kept here until the trainer reports its slab released, so the slab is not reused
@@ -263,6 +269,9 @@ class Host:
                         del self.held[name]
             elif kind == b"C" and int(arg) == self.run_id and self.credits is not None:
                 self.credits.release()
+            elif kind == b"W":
+                waited, _, batches = arg.partition(b" ")
+                self.counters.trainer_wait.set_totals(float(waited), int(batches))
 
     def _start_run(
         self, run_id: int, epoch: int, resume: ResumePoint | None, restore: tuple[dict[str, int], int] | None

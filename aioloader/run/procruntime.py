@@ -69,6 +69,7 @@ class _Channel:
         # (garbage collection happens at any allocation); each line is one atomic os.write.
         self._back = threading.RLock()
         self._back_open = True
+        self._wait_sent = -1  # batches delivered as the last W line said (bridge thread only)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         # Batches that crossed pickled (before the layout is learned) leave megabytes in the
@@ -85,13 +86,25 @@ class _Channel:
                 pass
 
     def back(self, line: bytes) -> None:
-        """One line on the back pipe (any thread, finalizers included); lost once closed."""
+        """One line on the back pipe, or a few joined by newlines, in one write (any thread,
+        finalizers included); lost once closed."""
         with self._back:
             if self._back_open:
                 try:
                     os.write(self._back_w, line + b"\n")
                 except OSError:  # the loader process is gone
                     pass
+
+    def taken(self, run_id: int) -> None:
+        """The bridge took an item of ``run_id`` (bridge thread only): one more may be sent,
+        and, when it grew, the trainer's wait for batches goes along (the W line of
+        :mod:`aioloader.run.loaderproc`), in the same write."""
+        line = b"C %d" % run_id
+        waited, batches = self.counters.trainer_wait.totals()
+        if batches != self._wait_sent:
+            self._wait_sent = batches
+            line += b"\nW %.6f %d" % (waited, batches)
+        self.back(line)
 
     def wake(self) -> None:
         """Make a :meth:`recv` waiting now (or next) return None."""
@@ -189,7 +202,7 @@ class PipeRun:
                 ch.discard(msg)
                 continue
             if msg[0] == "item":
-                ch.back(b"C %d" % self.id)  # taken: the loader process may send one more
+                ch.taken(self.id)  # the loader process may send one more
             item = ch.to_item(msg)
             # A batch sent just before the loader process was killed: its slabs went with it.
             # That the process died is the error to report, not the slab it took along.
