@@ -45,6 +45,7 @@ from aioloader.base import sendable
 from aioloader.base.cpus import cpu_quota
 from aioloader.base.semnames import import_loky_cpu_count
 from aioloader.cache.settings import Cache
+from aioloader.decode.image import device_of
 from aioloader.read.backends import StorageBackend, resolve
 
 __all__ = [
@@ -176,6 +177,11 @@ class LoaderConfig:
     @property
     def autotuned(self) -> bool:
         return self.io_auto or self.workers_auto
+
+    @property
+    def decodes_on_device(self) -> bool:
+        """``ImageDecoder(device=...)``: the bridging thread decodes each batch on the device."""
+        return device_of(self.decode) is not None
 
     @classmethod
     def create(cls, **given: object) -> LoaderConfig:

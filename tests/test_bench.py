@@ -21,9 +21,10 @@ from aioloader.cli import main
 from aioloader.cli.args import byte_size
 from aioloader.cli.tune import IO_SWEEP, Setting, format_tune, tune, worker_sweep
 from aioloader.config import usable_cpus
+from aioloader.observe.bottleneck import VERDICTS
 from aioloader.observe.trace import chrome_trace, lanes
 
-STAGE_NAMES = {"read", "decode", "collate", "transfer", "trainer"}
+STAGE_NAMES = set(VERDICTS)  # read, decode, collate, transfer, loop, trainer
 
 
 def test_lanes_put_overlapping_events_on_separate_tracks() -> None:
@@ -83,7 +84,7 @@ def test_bench_json_on_stdout_progress_on_stderr_and_a_trace(image_folder: Path,
     mean_bytes = sum(p.stat().st_size for p in files) / len(files)  # every file read about as often
     assert result["mb_per_s"] == pytest.approx(result["samples_per_s"] * mean_bytes / 1e6, rel=0.35)
     assert result["bottleneck"]["stage"] in STAGE_NAMES and result["bottleneck"]["advice"]
-    assert set(result["stages"]) == {"read", "decode", "collate", "transfer"}
+    assert set(result["stages"]) == {"read", "decode", "collate", "transfer", "loop"}
     assert result["stages"]["decode"]["items"] > 0
     assert "aioloader" in proc.stderr  # the progress bar
     events = json.loads(trace.read_text())["traceEvents"]
@@ -152,7 +153,7 @@ def test_bench_report_with_a_users_decode_and_torch_compared(
     assert f"aioloader bench {folder}: 37 files" in out
     assert "samples/s" in out and "bottleneck: " in out and "train step of" in out
     assert "torch.utils.data.DataLoader(num_workers=1):" in out and "aioloader " in out
-    for stage in ("read", "decode", "collate", "transfer"):
+    for stage in ("read", "decode", "collate", "transfer", "loop"):
         assert f"\n  {stage} " in out
 
 

@@ -75,7 +75,7 @@ def test_stages_report_items_bounds_and_latencies(numbered: list[str], process: 
         numbered, decode=SlowDecode(0.01), io_concurrency=8, num_workers=2, loader_process=process
     )
     stages = stats.stages
-    assert set(stages) == {"read", "decode", "collate", "transfer"}
+    assert set(stages) == {"read", "decode", "collate", "transfer", "loop"}
     read, decode = stages["read"], stages["decode"]
     assert read.bound == 8 and decode.bound == 4 and decode.capacity == 2
     assert read.items == decode.items == len(numbered)  # samples

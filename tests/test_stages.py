@@ -11,7 +11,7 @@ import pytest
 from helpers import FakeClock
 
 from aioloader import Bottleneck, StageStats
-from aioloader.observe.bottleneck import WAIT_SHARE, diagnose
+from aioloader.observe.bottleneck import WAIT_SHARE, Setup, diagnose
 from aioloader.observe.stages import PERCENTILE_EVERY, StageMeter, between, utilization
 from aioloader.observe.stats import WINDOW, Counters
 
@@ -148,18 +148,19 @@ def test_the_stage_closest_to_its_capacity_is_named_with_advice(busiest: str, ex
         "collate": stage("collate", 0.95, busy=0.95),
         "transfer": stage("transfer", 0.95, busy=0.95),
     }
-    verdict = diagnose({**low, busiest: high[busiest]}, 0.4, num_workers=4, io_concurrency=64)
+    on_cuda = Setup(device="cuda", pin_memory=True)  # every stage runs
+    verdict = diagnose({**low, busiest: high[busiest]}, 0.4, num_workers=4, io_concurrency=64, setup=on_cuda)
     assert verdict.stage == busiest
     assert expect in verdict.advice
     assert str(verdict) == f"{busiest}: {verdict.advice}"
 
 
 def test_slow_storage_with_free_read_slots_says_so_and_remote_advice_names_the_options() -> None:
-    slow = {"read": stage("read", 20, capacity=64), "decode": stage("decode", 0.1, capacity=4)}
+    slow = {"read": stage("read", 20, capacity=64, busy=0.9), "decode": stage("decode", 0.1, capacity=4)}
     verdict = diagnose(slow, 0.5, num_workers=4, io_concurrency=64)
     assert verdict.stage == "read" and "storage answers slowly" in verdict.advice
     full = {"read": stage("read", 64, capacity=64)}
-    remote = diagnose(full, 0.5, num_workers=4, io_concurrency=64, remote=True)
+    remote = diagnose(full, 0.5, num_workers=4, io_concurrency=64, setup=Setup(remote=True))
     assert "storage_options" in remote.advice
     assert isinstance(remote, Bottleneck)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-__all__ = ["DaemonThreadPool", "in_thread"]
+__all__ = ["DaemonThreadPool", "in_thread", "thread_cpu_clock"]
 
 T = TypeVar("T")
 _Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -120,3 +120,19 @@ def settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
         fut.set_result(None)
     else:
         fut.set_exception(exc)
+
+
+def thread_cpu_clock(thread: threading.Thread) -> Callable[[], float] | None:
+    """A clock of ``thread``'s CPU seconds that any thread of this process may read (the
+    loop meter's, :mod:`aioloader.observe.loopmeter`), or None where the platform has no
+    per-thread CPU clock (``pthread_getcpuclockid``: Unix) or ``thread`` has not started.
+    Reading it after ``thread`` ended raises ``OSError``."""
+    getid = getattr(time, "pthread_getcpuclockid", None)
+    if getid is None or thread.ident is None:
+        return None
+    try:
+        clock_id = getid(thread.ident)
+        time.clock_gettime(clock_id)
+    except OSError:
+        return None
+    return lambda: time.clock_gettime(clock_id)

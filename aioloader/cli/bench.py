@@ -231,7 +231,7 @@ def _cluster_dict(cluster: Any, ray: dict[str, Any]) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResult:
     from aioloader.loader import Loader
-    from aioloader.observe.bottleneck import diagnose
+    from aioloader.observe.bottleneck import Setup, diagnose
     from aioloader.observe.trace import Tracer
     from aioloader.read.urls import is_remote
 
@@ -266,7 +266,7 @@ def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResul
             1.0,
             num_workers=stats.num_workers,
             io_concurrency=stats.io_concurrency,
-            remote=is_remote(dataset.path(0)),
+            setup=Setup.of(config, is_remote(dataset.path(0))),
         )
     result = BenchResult(
         source=args.source,

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["KEPT", "STAGES", "StageMeter", "StageStats", "Timed", "between", "utilization"]
 
-#: The loader's stages, in pipeline order (``bottleneck.stage`` may also be ``"trainer"``).
+#: The loader's metered stages, in pipeline order (``loader.stats.stages`` also has the loop's,
+#: :mod:`aioloader.observe.loopmeter`; ``bottleneck.stage`` may also be ``"loop"`` or ``"trainer"``).
 STAGES = ("read", "decode", "collate", "transfer")
 #: Latencies kept per stage for the percentiles.
 KEPT = 2048

@@ -9,11 +9,13 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, TypeAlias
 
-from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, counted, diagnose
+from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, Setup, counted, diagnose
 from aioloader.observe.cachestats import CacheStats
+from aioloader.observe.loaderstats import LoaderStats
+from aioloader.observe.loopmeter import LOOP, LoopMeter
 from aioloader.observe.stages import STAGES, StageMeter, StageStats, between
 from aioloader.observe.trainerwait import TrainerWait
 from aioloader.observe.wheredecoded import (
@@ -47,51 +49,6 @@ WINDOW = 50
 MIN_JUDGED = 20
 
 
-@dataclass(frozen=True)
-class LoaderStats:
-    """A snapshot of the loader's counters.
-
-    Totals are cumulative over the loader's life; ``epoch_*`` fields cover the current (or
-    last) iteration. Times are seconds; ``wait_seconds`` is the time the consumer spent
-    blocked waiting for a batch (the trainer's data stall).
-    """
-
-    samples: int = 0
-    batches: int = 0
-    attempted: int = 0
-    bytes_read: int = 0
-    failures: int = 0
-    failures_by_reason: dict[str, int] = field(default_factory=dict)
-    last_failed_paths: tuple[str, ...] = ()
-    read_retries: int = 0
-    worker_restarts: int = 0
-    wait_seconds: float = 0.0
-    epoch: int = 0
-    epoch_samples: int = 0
-    epoch_batches: int = 0
-    epoch_wait_seconds: float = 0.0
-    epoch_seconds: float = 0.0
-    first_batch_seconds: float | None = None
-    #: ``{"read"|"decode"|"collate"|"transfer": StageStats}`` over the loader's life.
-    stages: dict[str, StageStats] = field(default_factory=dict)
-    #: The stage limiting throughput over the last :data:`WINDOW` batches of this epoch (or
-    #: since it began); None before its second batch.
-    bottleneck: Bottleneck | None = None
-    #: The trainer's share of that time spent waiting for a batch (0..1).
-    recent_wait_share: float | None = None
-    #: Reads in flight at most, now (``io_concurrency="auto"`` moves it while loading).
-    io_concurrency: int = 0
-    #: Decode processes decoding at once, now (``num_workers="auto"`` moves it); with
-    #: ``decode_on="ray"``, Ray tasks decoding at once.
-    num_workers: int = 0
-    #: ``decode_on="ray"``: the cluster's tasks (None otherwise).
-    cluster: ClusterStats | None = None
-    #: ``ImageDecoder(device=...)``: where the samples were decoded (None otherwise).
-    device_decode: DeviceDecodeStats | None = None
-    #: ``Loader(cache=...)``: hits, misses, what the cache holds (None without one).
-    cache: CacheStats | None = None
-
-
 class Counters:
     """Mutable counters. Each field has one writer (the loop thread or the consumer), and a
     lock makes snapshots consistent.
@@ -103,12 +60,12 @@ class Counters:
         self,
         io_concurrency: int = 1,
         num_workers: int = 1,
-        remote: bool = False,
+        setup: Setup | None = None,
         *,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._lock = threading.Lock()
-        self._remote = remote
+        self.setup = setup if setup is not None else Setup()
         self.clock = clock
         #: This process's stage meters (a loader process has read, decode and collate; the
         #: trainer's the transfer, and the others' figures by :meth:`absorb`).
@@ -118,6 +75,8 @@ class Counters:
             "collate": StageMeter("collate", clock=clock),
             "transfer": StageMeter("transfer", clock=clock),
         }
+        #: The event loop's CPU share, once the runtime whose loop runs in this process binds it.
+        self.loop = LoopMeter(clock=clock)
         self._absorbed: dict[str, StageStats] = {}
         #: Per delivered batch of this epoch: (time, seconds waited, stage figures then).
         self._recent: deque[tuple[float, float, dict[str, StageStats]]] = deque(maxlen=WINDOW + 1)
@@ -155,7 +114,7 @@ class Counters:
     def for_loader(cls, config: LoaderConfig, remote: bool) -> Counters:
         """The counters of a loader of ``config`` (stage bounds from its settings); ``remote``:
         its dataset is read from URLs (the bottleneck's advice differs)."""
-        return cls(config.io_concurrency, config.num_workers, remote)
+        return cls(config.io_concurrency, config.num_workers, Setup.of(config, remote))
 
     def begin_epoch(self, epoch: int) -> None:
         with self._lock:
@@ -205,6 +164,7 @@ class Counters:
     def _stage_view(self, percentiles: bool = True) -> dict[str, StageStats]:
         """Every stage's figures: this process's meters, or what a loader process sent."""
         view = {name: self.meters[name].snapshot(percentiles) for name in STAGES}
+        view[LOOP] = self.loop.snapshot()
         with self._lock:
             view.update(self._absorbed)
         return view
@@ -227,7 +187,7 @@ class Counters:
             name: replace(
                 between(before[name], after[name]), p50_ms=now[name].p50_ms, p99_ms=now[name].p99_ms
             )
-            for name in STAGES
+            for name in after
         }
         return (waited / (t1 - t0) if t1 > t0 else 0.0), stages, len(judged)
 
@@ -248,7 +208,7 @@ class Counters:
             share,
             num_workers=view["decode"].capacity,  # as tuned now
             io_concurrency=view["read"].bound,
-            remote=self._remote,
+            setup=self.setup,
             cluster_busy=self.cluster.busy_share if self.cluster is not None else None,
         )
         return verdict, share, judged
@@ -334,6 +294,8 @@ class Counters:
             )
             device, cache = self.device, self.cache
         stages = {name: self.meters[name].snapshot() for name in ("read", "decode", "collate")}
+        if self.loop.bound:  # this process runs the loop: its figure crosses with the others
+            stages[LOOP] = self.loop.snapshot()
         side = None if device is None else device.loader_side()
         return (*counts, stages, side, cache)
 

@@ -46,7 +46,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from aioloader.base.items import Batch, End, Failure, Item
-from aioloader.base.threads import DaemonThreadPool
+from aioloader.base.threads import DaemonThreadPool, thread_cpu_clock
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.errors import LoaderError
@@ -179,6 +179,8 @@ class Host:
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
         self.closed = asyncio.Event()
+        # This thread runs the loop: its CPU share is the verdict's "loop" stage, sent with the others.
+        self.counters.loop.bind(thread_cpu_clock(threading.current_thread()))
         try:
             parent = mp.parent_process()  # the trainer: the tuner leaves its CPUs alone
             self.parts = build(

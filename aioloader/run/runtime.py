@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar
 
+from aioloader.base.threads import thread_cpu_clock
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.errors import LoaderError
@@ -200,6 +201,7 @@ class Runtime(RuntimeBase):
         self.dataset_len = len(dataset)
         self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
+        counters.loop.bind(thread_cpu_clock(self.loop_thread.thread))  # the verdict's "loop" stage
         self.copier = DeviceCopier(config.device, config.pin_memory)
         finish = device_decode_for(config, counters, self.engine.policy)  # one policy for both
         self.bridge = Bridge(self.copier, counters.meters["transfer"], finish)
