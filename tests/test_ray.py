@@ -396,9 +396,12 @@ def test_a_slow_decode_is_named_the_bottleneck_with_the_clusters_advice(
     assert s.bottleneck is not None and s.bottleneck.stage == "decode"
     assert s.cluster is not None
     # The Ray path's advice (observe/bottleneck.py), not the local workers'.
-    assert "Ray tasks in flight" in s.bottleneck.advice and "num_workers" in s.bottleneck.advice
+    assert "Ray tasks in flight" in s.bottleneck.advice
+    # Which advice depends on how busy the cluster's slots were (a loaded machine: less).
     if s.cluster.busy_share >= 0.7:
-        assert "add CPUs to the Ray cluster" in s.bottleneck.advice
+        assert "add CPUs to the Ray cluster" in s.bottleneck.advice and "num_workers" in s.bottleneck.advice
+    else:
+        assert "the transfer from the cluster is the limit" in s.bottleneck.advice
 
 
 # -- the leak check, while Ray is connected -----------------------------------------------------
