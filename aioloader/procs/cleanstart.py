@@ -1,30 +1,19 @@
-"""How the zygote starts (:func:`how_to_start`), its start in a fresh interpreter
-(:func:`spawn`, :func:`main`), and the fork-server loop both starts end in (:func:`serve`).
+"""The zygote's start in a fresh interpreter (:func:`spawn_zygote`, :func:`main`), and the
+fork-server loop both starts end in (:func:`serve`).
 
-A ``fork`` copies one thread, the caller's, and every lock as it was: one held by another
-thread at that moment (the CUDA driver's, OpenMP's, malloc's, a logging handler's) stays
-held for ever in the copy and in all it forks. So the zygote is forked from the trainer only
-where the trainer will have exactly one OS thread when it forks: counted in
-``/proc/self/task`` (every thread, a C library's too: PyTorch's intra-op pool, the CUDA
-driver's), less OpenBLAS's server threads, which OpenBLAS itself stops before any fork (its
-``pthread_atfork`` handler; numpy's pool starts at ``import numpy`` on a machine with several
-cores, and Python 3.12 forks such a process without its multi-threaded warning: the threads
-are gone by then). OpenBLAS's threads are counted with threadpoolctl (the loky and
-scikit-learn authors' library for native thread pools). Where ``/proc`` cannot be read:
-Python's own threads, and whether torch has made its CUDA context. A trainer that has made
-its CUDA context or run PyTorch's intra-op pool has other threads, so there the start is the
-other one (about a second more before the first batch, measured in RESULTS): a fresh interpreter,
-exec'd with only the zygote's listening socket and its "alive" pipe (the way the stock
-``multiprocessing.forkserver`` starts, with ``util.spawnv_passfds``: no Python code runs
+Where the trainer has a thread that is not safe to fork past
+(:mod:`aioloader.procs.forksafe`: a Python thread, an unknown native one), the zygote is a
+fresh interpreter, exec'd with only its listening socket and its "alive" pipe (the way the
+stock ``multiprocessing.forkserver`` starts, with ``util.spawnv_passfds``: no Python code runs
 between its fork and its exec, and nothing of the trainer's is copied), which imports what
 the loader process and the decode workers need (:func:`preloads`) before it serves, so the
-first batch does not wait for imports in every worker.
+first batch waits for those imports once, not in every worker (about a second more than a
+forked zygote, RESULTS §32).
 
 Its OpenBLAS is told to use one thread, so the zygote stays single-threaded while it forks
 (the helpers run one compute thread each anyway; the variable set for it reaches no helper,
-see below). The trainer's environment, working
-directory and ``sys.path`` reach each helper per loader (:mod:`aioloader.procs.forking`), as
-they do from a forked zygote.
+see below). The trainer's environment, working directory and ``sys.path`` reach each helper
+per loader (:mod:`aioloader.procs.forking`), as they do from a forked zygote.
 """
 
 from __future__ import annotations
@@ -35,25 +24,18 @@ import sys
 import types
 from collections.abc import Sequence
 from multiprocessing import forkserver, spawn, util
-from typing import Any, Literal
+from typing import Any
 
 from aioloader.procs import roles
 from aioloader.safety import lifeline
 
 __all__ = [
-    "Start",
-    "cuda_initialized",
-    "how_to_start",
     "main",
     "modules_of",
-    "os_threads",
     "preloads",
     "serve",
     "spawn_zygote",
-    "stopped_at_fork",
 ]
-
-Start = Literal["fork", "spawn"]
 
 #: What the helpers import: the loader process, a decode worker, a reader process and how
 #: each starts (numpy and Pillow come with them); uvloop, the loader process's event loop,
@@ -79,54 +61,6 @@ _HELPERS = (
 
 #: The zygote's environment while it imports: one OpenBLAS thread (its pool starts at import).
 _SINGLE_THREADED = {"OPENBLAS_NUM_THREADS": "1"}
-
-
-def how_to_start(os_threads: int | None, python_threads: int, cuda: bool, stopped_at_fork: int = 0) -> Start:
-    """``"fork"`` where forking this process copies no other thread (see the module):
-    ``os_threads``, its OS threads (None where they cannot be counted), ``stopped_at_fork``
-    of them stopped by their own library before a fork (OpenBLAS's); ``python_threads``,
-    ``threading.active_count()``; ``cuda``, whether torch's CUDA context exists. Else
-    ``"spawn"``: a fresh interpreter."""
-    if os_threads is not None:
-        return "fork" if os_threads - stopped_at_fork == 1 and python_threads == 1 else "spawn"
-    return "fork" if python_threads == 1 and not cuda else "spawn"
-
-
-def stopped_at_fork() -> int:
-    """OpenBLAS's server threads in this process, of its pthreads build (its pool of ``n``
-    threads runs ``n - 1`` of them beside the caller); 0 where threadpoolctl cannot say."""
-    try:
-        from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
-
-        pools = threadpool_info()
-    except Exception:  # noqa: BLE001 - unknown: count every thread
-        return 0
-    # Only its pthreads build stops them (an OpenMP build's threads are libgomp's, which
-    # nothing stops: PyTorch's own OpenBLAS on aarch64 is one).
-    return sum(
-        max(0, int(p.get("num_threads", 1)) - 1)
-        for p in pools
-        if p.get("internal_api") == "openblas" and p.get("threading_layer") == "pthreads"
-    )
-
-
-def os_threads() -> int | None:
-    """This process's OS threads (Linux's ``/proc/self/task``), None where unknown."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return None
-
-
-def cuda_initialized() -> bool:
-    """Whether torch, if imported, has made its CUDA context (True when it cannot say)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:  # noqa: BLE001 - a broken torch: assume the worst
-        return True
 
 
 def preloads(extra: Sequence[str] = ()) -> list[str]:

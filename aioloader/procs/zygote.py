@@ -10,17 +10,19 @@ The zygote is started when the first loader of the process is made: ``Loader.__i
 calls :func:`early` (see there why not when it starts). A loader whose ``__init__`` does not
 (``decode_on="ray"``, or ``decode=None`` with ``loader_process=False``) asks for it when a
 part of it that forks helpers starts. Either way only if no ``aioloader-*`` thread exists
-yet, and in one of two ways (:func:`started_by`), chosen by a rule about the process's OS
-threads, not only aioloader's (:func:`aioloader.procs.cleanstart.how_to_start`):
+yet, and in one of two ways (:func:`started_by`), chosen by a rule about the process's
+threads, every library's, not only aioloader's (:mod:`aioloader.procs.forksafe`):
 
-- ``"fork"``, where the trainer has exactly one OS thread: nothing can hold a lock at the
-  fork. The child already holds every module the trainer imported (the decode function's
-  included), closes its copies of the trainer's pipes and sockets, and never collects
-  objects copied from the trainer.
-- ``"spawn"``, otherwise (the usual case: a trainer that made its CUDA context or ran a
-  parallel torch op has the driver's and OpenMP's threads, and ``import numpy`` alone starts
-  OpenBLAS's on a machine with several cores): a fresh interpreter, exec'd like the stock
-  fork server's, which imports what the loader process and the workers need before serving
+- ``"fork"``, where every other thread is of a kind safe to fork past (none; OpenBLAS's,
+  stopped for the fork; an idle OpenMP pool, PyTorch's intra-op threads after a model's
+  forward pass; the CUDA driver's): the usual case, as fast as DataLoader's fork. The child
+  already holds every module the trainer imported (the decode function's included), sets
+  one OpenMP and torch thread first thing (:func:`~aioloader.procs.forksafe.after_fork`),
+  closes its copies of the trainer's pipes and sockets, and never collects objects copied
+  from the trainer.
+- ``"spawn"``, otherwise (another Python thread runs: a Jupyter kernel's, a launcher's; or a
+  native thread of an unknown kind): a fresh interpreter, exec'd like the stock fork
+  server's, which imports what the loader process and the workers need before serving
   (:mod:`aioloader.procs.cleanstart`). Nothing of the trainer's is copied into it, so a lock
   held at that moment by one of the trainer's threads cannot reach a helper; its first
   helpers wait for its imports once, never each for its own.
@@ -60,7 +62,7 @@ from multiprocessing import (
 from multiprocessing import context as mpcontext
 from typing import Any
 
-from aioloader.procs import cleanstart, forking, roles
+from aioloader.procs import cleanstart, forking, forksafe, roles
 
 __all__ = ["address", "adopt", "context", "early", "pid", "started_by"]
 
@@ -73,18 +75,16 @@ class _Zygote(forkserver.ForkServer):
     """A ``ForkServer`` whose server process is forked from this one (see the module)."""
 
     #: How this zygote was started (:func:`started_by`); None for one adopted.
-    started_by: cleanstart.Start | None = None
+    started_by: forksafe.Start | None = None
     #: What a clean start imports beside the helpers' modules (:func:`context`).
     preload: list[str] = []  # noqa: RUF012 - replaced per instance, never changed in place
 
     def start(self) -> None:
+        # Counted before anything here forks (the resource tracker's start may stop
+        # OpenBLAS's threads): see forksafe.census.
+        threads = forksafe.census()
+        how = forksafe.how_to_start(threads)
         resource_tracker.ensure_running()  # before the zygote: workers share this one
-        how = cleanstart.how_to_start(
-            cleanstart.os_threads(),
-            threading.active_count(),
-            cleanstart.cuda_initialized(),
-            cleanstart.stopped_at_fork(),
-        )
         with socket.socket(socket.AF_UNIX) as listener:
             address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
             listener.bind(address)
@@ -99,9 +99,9 @@ class _Zygote(forkserver.ForkServer):
             parent = os.getpid() if threading.current_thread() is threading.main_thread() else None
             try:
                 if how == "fork":
-                    child = os.fork()
+                    child = forksafe.fork()
                     if child == 0:  # pragma: no cover - runs in the zygote (tests see its effects)
-                        _become_zygote(listener.fileno(), alive_r, parent)
+                        _become_zygote(listener.fileno(), alive_r, parent, threads)
                 else:
                     child = cleanstart.spawn_zygote(listener.fileno(), alive_r, parent, self.preload)
             except BaseException:
@@ -126,13 +126,14 @@ class _Zygote(forkserver.ForkServer):
         could copy a held lock): a dead zygote fails the next worker start, loudly."""
 
 
-def _become_zygote(listener_fd: int, alive_r: int, parent: int | None) -> None:
+def _become_zygote(listener_fd: int, alive_r: int, parent: int | None, threads: forksafe.Census) -> None:
     """The forked zygote: leave the trainer's state behind, then serve (never returns)."""
     global _lock
     try:
         # The trainer forked this process inside ``with _lock``: this copy of it would stay
         # held for ever, in the zygote and in everything it forks.
         _lock = threading.Lock()
+        forksafe.after_fork(threads)  # before anything here can start a parallel region
         cleanstart.begin(parent)
         # Objects of the trainer that were garbage at the fork stay uncollected: their
         # finalizers must not close file descriptors or files that are not ours.
@@ -231,7 +232,7 @@ def context(preload: Sequence[str] = ()) -> ZygoteContext | None:
         return _context
 
 
-def started_by() -> cleanstart.Start | None:
+def started_by() -> forksafe.Start | None:
     """How this process's zygote was started: ``"fork"`` (a copy of this process) or
     ``"spawn"`` (a fresh interpreter), see the module; None where it started none (no zygote
     yet, none possible, or one adopted from the process that started it)."""
