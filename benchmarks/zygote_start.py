@@ -111,7 +111,9 @@ KINDS = ("DataLoader", "aioloader")
 def run_case(case: str, kind: str, root: Path, threads: int) -> tuple[str, float, float, float]:
     bench = str(Path(__file__).resolve().parent)
     launched = time.time()
-    code = SCRIPT.format(case=case, kind=kind, root=str(root), threads=threads, bench=bench, launched=launched)
+    code = SCRIPT.format(
+        case=case, kind=kind, root=str(root), threads=threads, bench=bench, launched=launched
+    )
     if case == "notebook":
         cell = "import time\n_launched = time.time()\n" + code.replace(repr(launched), "_launched")
         code = NOTEBOOK.format(cell=cell)
@@ -160,9 +162,13 @@ def main() -> None:
     for case in cases:
         peer, ours = results[case, "DataLoader"], results[case, "aioloader"]
         hows = "/".join(sorted({h for h, *_ in ours}))
-        first, launch, epoch = ([statistics.median(x[i] for x in runs) for runs in (peer, ours)] for i in (1, 3, 2))
+        first, launch, epoch = (
+            [statistics.median(x[i] for x in runs) for runs in (peer, ours)] for i in (1, 3, 2)
+        )
         cells = [*first, first[1] / first[0], *launch, *epoch]
-        print(f"| {case} | {hows} | " + " | ".join(f"{c:.2f}" if c < 10 else f"{c:.0f}" for c in cells) + " |")
+        print(
+            f"| {case} | {hows} | " + " | ".join(f"{c:.2f}" if c < 10 else f"{c:.0f}" for c in cells) + " |"
+        )
 
 
 if __name__ == "__main__":
