@@ -470,6 +470,19 @@ def workloads(args: argparse.Namespace) -> tuple[list[Workload], str]:
     return [Workload(n, files, *table[n]) for n in args.decode], line
 
 
+def plain_read_rate(files: Any, epochs: int, seed: int) -> float:
+    """Files/s of one thread reading ``files`` plainly in a shuffled order, ``epochs`` times:
+    what a loader of small files should at least keep up with."""
+    paths = list(files.paths if hasattr(files, "paths") else files)
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for i in rng.permutation(len(paths)):
+            with open(paths[i], "rb") as f:
+                f.read()
+    return epochs * len(paths) / (time.perf_counter() - t0)
+
+
 def main() -> int:
     global TOUCH
     args = parse_args()
@@ -524,7 +537,11 @@ def main() -> int:
     trained: dict[tuple[str, str], list[Run]] = defaultdict(list)
     memory: dict[tuple[str, str], list[Run]] = defaultdict(list)
     memory_rounds = min(args.rounds, 3) if args.memory_rounds is None else args.memory_rounds
+    plain: list[float] = []  # --small-files: one thread reading the files plainly, files/s
     for r in range(args.rounds):
+        if args.small_files:
+            plain.append(plain_read_rate(loads[0].files, args.epochs, args.seed + r))
+            print(f"# round {r + 1}/{args.rounds} plain one-thread read: {plain[-1]:.0f} files/s", flush=True)
         for w in loads:
             # DataLoader first: its workers fork before any aioloader thread exists.
             for step_s, into in [(0.0, runs)] + ([(train_s, trained)] if train_s > 0 else []):
@@ -571,7 +588,11 @@ def main() -> int:
         )
         print(f"- `{w.name}`: {w.describe}{limit}")
     if args.small_files:
-        print("- target (issue 21): >= 100,000 files/s with the defaults, and 2x DataLoader's best setting")
+        print(
+            f"- one thread reading the same files plainly (open, read, close; shuffled; {args.epochs} epochs), "
+            f"in the same rounds: median {med(plain):.0f} files/s ({', '.join(f'{x:.0f}' for x in plain)})"
+        )
+        print("- target (issue 41): >= the plain one-thread read rate with the defaults")
     print(f"- 1-min load average at start {load_start}, at end {load_end}")
     print(
         f"- each run: construct the loader, {args.epochs} epochs, close (start-up included; aioloader's "

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_config
+from helpers import decode_number, make_config
 
 import aioloader
 from aioloader import FileDataset, ImageDecoder
@@ -318,13 +318,19 @@ def test_loader_process_auto_true_or_false() -> None:
     settled = {
         value: (c.loader_process, c.start_in, c.storage_backend)
         for value in ("auto", True, False)
-        for c in [create(loader_process=value)]
+        for c in [create(loader_process=value, decode=decode_number)]
     }
     assert settled == {
         "auto": ("auto", "process", "auto"),
         True: (True, "process", "auto"),
         False: (False, "thread", "fsspec"),
     }
+    # Without a decode, "auto" loads in-process (nothing to take off the trainer's GIL but
+    # the reads; a loader process would copy the bytes once more), unless obstore is asked.
+    assert create(loader_process="auto", decode=None).start_in == "thread"
+    assert create(loader_process=True, decode=None).start_in == "process"
+    obstore = create(loader_process="auto", decode=None, storage_backend="obstore")
+    assert (obstore.start_in, obstore.storage_backend) == ("process", "obstore")
     assert create(loader_process="auto", storage_backend="obstore").storage_backend == "obstore"
     with pytest.raises(ValueError, match=r"^storage_backend='obstore' needs a loader process"):
         create(loader_process=False, storage_backend="obstore")
@@ -342,14 +348,14 @@ def test_auto_with_a_callable_that_cannot_be_sent_settles_in_process() -> None:
 
     for name in ("read", "collate"):
         refused = rf"^{name}=<function .*read.*> cannot be sent to the loader process"
-        cfg = create(**{name: read})
+        cfg = create(**{name: read, "decode": decode_number})
         assert (cfg.loader_process, cfg.start_in) == ("auto", "thread")
         assert cfg.storage_backend == "fsspec" and name not in cfg.sent
         with pytest.raises(ValueError, match=refused):
-            create(**{name: read, "loader_process": True})
+            create(**{name: read, "loader_process": True, "decode": decode_number})
         with pytest.raises(ValueError, match=refused):
-            create(**{name: read, "storage_backend": "obstore"})
-    assert create(read=len, collate=list).sent.keys() == {"read", "collate"}
+            create(**{name: read, "storage_backend": "obstore", "decode": decode_number})
+    assert create(read=len, collate=list, decode=decode_number).sent.keys() == {"decode", "read", "collate"}
 
 
 def test_a_config_pickled_with_the_old_names_loads_with_one_name_per_setting() -> None:
