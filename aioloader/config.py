@@ -184,8 +184,9 @@ class LoaderConfig:
         return device_of(self.decode) is not None
 
     @classmethod
-    def create(cls, **given: object) -> LoaderConfig:
-        """The settings of ``Loader(**given)`` (the names of :class:`~aioloader.arguments.Arguments`),
+    def create(cls, remote: bool = False, **given: object) -> LoaderConfig:
+        """The settings of ``Loader(**given)`` (the names of :class:`~aioloader.arguments.Arguments`;
+        ``remote``: whether the dataset's files are URLs),
         or a ``ValueError``/``TypeError`` for the first argument found wrong: each is checked
         by a plain function of :mod:`aioloader.arguments`, in this order, then the policies
         are settled (:func:`send_decode`, :func:`choose_runtime`)."""
@@ -211,7 +212,12 @@ class LoaderConfig:
         cache = check_cache(a.cache, decode, on_ray)
         sent = send_decode(decode, on_ray)
         start_in, sent_there = choose_runtime(
-            loader_process, on_ray, read, collate, a.storage_backend, decodes=decode is not None
+            loader_process,
+            on_ray,
+            read,
+            collate,
+            a.storage_backend,
+            plain=decode is None and read is None and not remote,
         )
         return cls(
             batch_size=batch_size,
@@ -266,7 +272,7 @@ def choose_runtime(
     read: Callable[[str], bytes] | None,
     collate: Callable[[list[Any]], Any] | None,
     storage_backend: object,
-    decodes: bool = True,
+    plain: bool = False,
 ) -> tuple[Where, dict[str, bytes]]:
     """Where the pipeline starts, and what must be sent there for it.
 
@@ -275,14 +281,15 @@ def choose_runtime(
     ``collate`` pickled by value for the loader process. One that cannot be sent is a
     ``ValueError`` naming it under ``loader_process=True``, and with obstore (which reads
     only in a loader process); under ``"auto"`` it keeps the loader in-process, where it
-    need not be sent (a DEBUG line). Under ``"auto"`` without a decode (``decodes`` False,
-    ``decode=None``), in-process too, unless obstore was asked for: there is nothing to take
-    off the trainer's GIL but the reads, and a loader process would copy every file's bytes
-    once more, through a socket, to the trainer (small files: 0.43x the in-process rate,
-    RESULTS §32)."""
+    need not be sent (a DEBUG line). Under ``"auto"``, ``plain`` loading (local files read by
+    the library, ``decode=None``) is in-process too, unless obstore was asked for: there is
+    nothing to take off the trainer's GIL but fast reads, and a loader process would copy
+    every file's bytes once more, through a socket, to the trainer (small files: 0.43x the
+    in-process rate, RESULTS §32). Slow storage (a URL, a ``read``) keeps the loader process,
+    whose reads cost the trainer no CPU (RESULTS §24)."""
     if on_ray or loader_process is False:
         return "thread", {}
-    if loader_process == "auto" and not decodes and storage_backend != "obstore":
+    if loader_process == "auto" and plain and storage_backend != "obstore":
         return "thread", {}
     sent = {}
     try:

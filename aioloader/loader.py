@@ -210,7 +210,9 @@ class Loader:
             decode = ImageDecoder(224)
         if decode_on == "local" and (decode is not None or loader_process is not False):
             zygote.early(decode, read, collate)  # before the arguments touch CUDA: see there
+        self._dataset = FileDataset.coerce(dataset)
         self._config = LoaderConfig.create(
+            remote=is_remote(self._dataset.path(0)),
             batch_size=batch_size,
             decode=decode,
             collate=collate,
@@ -240,7 +242,6 @@ class Loader:
             decode_on=decode_on,
             cache=cache,
         )
-        self._dataset = FileDataset.coerce(dataset)
         self._state = State.IDLE
         self._lock = threading.Lock()
         self._runtime: Runtime | ProcessRuntime | None = None

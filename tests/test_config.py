@@ -329,6 +329,9 @@ def test_loader_process_auto_true_or_false() -> None:
     # the reads; a loader process would copy the bytes once more), unless obstore is asked.
     assert create(loader_process="auto", decode=None).start_in == "thread"
     assert create(loader_process=True, decode=None).start_in == "process"
+    # Slow storage keeps it: URLs, or a read of the user's (RESULTS §24: reads cost no CPU there).
+    assert create(loader_process="auto", decode=None, remote=True).start_in == "process"
+    assert create(loader_process="auto", decode=None, read=len).start_in == "process"
     obstore = create(loader_process="auto", decode=None, storage_backend="obstore")
     assert (obstore.start_in, obstore.storage_backend) == ("process", "obstore")
     assert create(loader_process="auto", storage_backend="obstore").storage_backend == "obstore"
