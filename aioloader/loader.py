@@ -1,9 +1,7 @@
-"""``Loader``: the public front-ends (``for``, ``async for``, ``with``, ``async with``) over
-the one engine. It owns a lifecycle state and, once started, a runtime
-(:mod:`aioloader.run.runtime`). Both iterators (:mod:`aioloader.run.cursor`) read the same
-hand-off the bridging thread fills: the sync one blocks on it, the async one awaits it on the
-caller's loop. Neither runs any pipeline logic of its own.
-"""
+"""``Loader``: the public front-ends (``for``, ``async for``, ``with``, ``async with``) over the
+one engine. It owns a lifecycle state and, once started, a runtime (:mod:`aioloader.run.runtime`).
+Both iterators (:mod:`aioloader.run.cursor`) read the hand-off the bridging thread fills: the sync
+one blocks on it, the async one awaits it on the caller's loop; neither runs pipeline logic."""
 
 from __future__ import annotations
 
@@ -134,11 +132,11 @@ class Loader:
             like ``decode`` (any callable that can be sent), and run in that process: state they change is
             not the trainer's. Arrays a custom ``collate`` makes anew (not views of its samples) cross as
             one copy: from 1 MiB up into shared memory the loader process reuses
-            (:mod:`aioloader.run.wire`), smaller ones pickled. Where no zygote can be made (see
-            :mod:`aioloader.procs.zygote`), or ``read`` or ``collate`` cannot be sent, ``"auto"`` loads
-            in-process, silently (a DEBUG line on the ``aioloader`` logger). ``True`` insists: a ``read`` or
-            ``collate`` that cannot be sent is a ``ValueError``, and where no zygote can be made the loader
-            runs in-process with a WARNING. ``False`` runs them in the trainer's process, on the
+            (:mod:`aioloader.run.wire`), smaller ones pickled. ``"auto"`` loads in-process for ``decode=None``
+            on local files read by the library (a process would copy the bytes once more) and, with a DEBUG
+            line, where no zygote can be made or ``read`` or ``collate`` cannot be sent. ``True`` insists: a
+            ``read`` or ``collate`` that cannot be sent is a ``ValueError``, and where no zygote can be made
+            the loader runs in-process with a WARNING. ``False`` runs them in the trainer's process, on the
             ``aioloader-loop`` thread: for a ``read`` or ``collate`` that must share state with the trainer,
             or to debug them with ``pdb`` or breakpoints. :attr:`runtime` says where a started loader runs.
         storage_options: for ``s3://``, ``gs://``, ``az://`` and ``http(s)://`` paths, the
@@ -211,8 +209,9 @@ class Loader:
         if decode_on == "local" and (decode is not None or loader_process is not False):
             zygote.early(decode, read, collate)  # before the arguments touch CUDA: see there
         self._dataset = FileDataset.coerce(dataset)
+        remote = is_remote(self._dataset.path(0))
         self._config = LoaderConfig.create(
-            remote=is_remote(self._dataset.path(0)),
+            remote=remote,
             batch_size=batch_size,
             decode=decode,
             collate=collate,
@@ -247,7 +246,7 @@ class Loader:
         self._runtime: Runtime | ProcessRuntime | None = None
         self._where: Literal["process", "thread"] | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        self._counters = Counters.for_loader(self._config, is_remote(self._dataset.path(0)))
+        self._counters = Counters.for_loader(self._config, remote)
         self._epochs = Epochs(self._config, len(self._dataset))
 
     # -- properties -------------------------------------------------------------------------

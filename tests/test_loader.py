@@ -208,7 +208,9 @@ def test_images_with_labels(frontend: Driver, image_folder: Path) -> None:
 
 
 def test_raw_bytes_without_decode(frontend: Driver, numbered: list[str]) -> None:
-    with frontend.opened(Loader(numbered[:3], shuffle=False, batch_size=3, decode=None)) as loader:
+    # decode=None loads in-process under "auto": True keeps [process] in a loader process.
+    raw = Loader(numbered[:3], shuffle=False, batch_size=3, decode=None, loader_process=True)
+    with frontend.opened(raw) as loader:
         (batch,) = frontend.epoch(loader)
     assert batch == [b"sample-000000", b"sample-000001", b"sample-000002"]
 
@@ -225,7 +227,8 @@ def test_raw_bytes_with_labels_skip_bad_files_by_name(
     bad = {5: str(tmp_path / "missing.bin"), 17: str(tmp_path), 30: str(empty)}
     paths = [bad.get(i, p) for i, p in enumerate(numbered)]
     ds = FileDataset(paths, labels=list(range(37)))
-    with frontend.opened(Loader(ds, shuffle=False, batch_size=16, decode=None, on_error="skip")) as loader:
+    raw = Loader(ds, shuffle=False, batch_size=16, decode=None, on_error="skip", loader_process=True)
+    with frontend.opened(raw) as loader:  # True: see test_raw_bytes_without_decode
         batches = frontend.epoch(loader)
         stats = loader.stats
     kept = [i for i in range(37) if i not in bad]
