@@ -9,8 +9,9 @@
 | ``cachebench.py`` | ``aioloader bench --cache``: epoch 1 filling a cache beside epoch 2 served from it |
 | ``measure.py`` | a loader (or DataLoader) iterated for a time |
 | ``tune.py`` | ``aioloader bench --tune``: the sweep of fixed settings beside ``"auto"`` |
-
-``aioloader doctor`` runs :mod:`aioloader.safety.doctor`.
+| ``doctor.py`` | ``aioloader doctor``: the environment's findings, then the leftovers of dead loaders |
+| ``envprobe.py`` | the doctor's measurements: torch, GPUs, CPUs, ``/dev/shm``, limits, memory, ranks |
+| ``envadvice.py`` | pure: the doctor's findings and what to do, from measured facts |
 """
 
 from aioloader.cli.main import main
