@@ -5,6 +5,7 @@
 | ``main.py`` | the parser and the dispatch; the ``demo`` subcommand's options |
 | ``args.py`` | argparse types shared by the subcommands |
 | ``demo.py`` | ``aioloader demo``: the same training loop fed two ways |
+| ``narrate.py`` | the demo's lines on any output: flushed; progress lines where no bar is drawn |
 | ``bench.py`` | ``aioloader bench``: your data through the loader, and the verdict |
 | ``cachebench.py`` | ``aioloader bench --cache``: epoch 1 filling a cache beside epoch 2 served from it |
 | ``measure.py`` | a loader (or DataLoader) iterated for a time |
