@@ -7,6 +7,7 @@ Images are smooth colour gradients plus noise, so they compress like photographs
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +40,12 @@ def make_image_folder(
     quality: int = 90,
     seed: int = 0,
     progress: bool = False,
+    on_image: Callable[[int], object] | None = None,
 ) -> Path:
     """Write ``num_images`` JPEGs of ``size`` (width, height) into ``root/class_XX/`` folders;
-    with ``progress``, a bar on stderr when it is a terminal.
+    with ``progress``, a bar on stderr when it is a terminal. ``on_image``, if given, is
+    called with the count written after each image (the demo's progress lines where no bar
+    is drawn).
 
     Idempotent: a folder that already holds a complete set (marked by ``.complete``) is
     reused, so demos and benchmarks generate their data once.
@@ -56,5 +60,7 @@ def make_image_folder(
         folder = top / f"class_{i % num_classes:02d}"
         folder.mkdir(parents=True, exist_ok=True)
         make_image(rng, *size).save(folder / f"img_{i:06d}.jpg", quality=quality)
+        if on_image is not None:
+            on_image(i + 1)
     marker.write_text(stamp)
     return top

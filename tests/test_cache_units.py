@@ -22,7 +22,7 @@ from PIL import Image, ImageOps
 
 from aioloader import Cache, Loader
 from aioloader.arguments import check_cache
-from aioloader.base.cgmemory import cgroup_room, mem_available
+from aioloader.base.cgmemory import cgroup_limit, cgroup_room, mem_available
 from aioloader.cache.diskstore import BAD, DiskStore
 from aioloader.cache.entries import HEADER, MAGIC, check, crc_ok, entry_key, header, relpath
 from aioloader.cache.memstore import REGION, MemoryStore
@@ -521,6 +521,7 @@ def test_cgroup_v2_the_smallest_room_up_the_chain_binds(tmp_path: Path) -> None:
         },
     )
     assert cgroup_room(proc, tmp_path) == 5_000_000
+    assert cgroup_limit(proc, tmp_path) == 8_000_000  # the tightest limit, not the least room
 
 
 def test_cgroup_v2_no_limit_and_usage_over_the_limit(tmp_path: Path) -> None:
@@ -558,6 +559,7 @@ def test_cgroup_v1_reads_the_memory_hierarchy(tmp_path: Path) -> None:
         },
     )
     assert cgroup_room(proc, tmp_path) == 2_500_000
+    assert cgroup_limit(proc, tmp_path) == 4_000_000
     (tmp_path / memory.lstrip("/") / "batch" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     assert cgroup_room(proc, tmp_path) is None
 
@@ -566,6 +568,7 @@ def test_cgroup_room_is_none_where_nothing_says(tmp_path: Path) -> None:
     """No limit files, or no ``/proc`` files at all: None (nothing limits)."""
     assert cgroup_room(lay_out_proc(tmp_path, V1_MOUNTS, V1_CGROUP, {}), tmp_path) is None
     assert cgroup_room(tmp_path / "nowhere", tmp_path) is None
+    assert cgroup_limit(tmp_path / "nowhere", tmp_path) is None
 
 
 def test_mem_available_reads_meminfo(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aioloader.base.cpus import V2, quota_dirs
 
-__all__ = ["available_memory", "cgroup_room", "mem_available"]
+__all__ = ["available_memory", "cgroup_limit", "cgroup_room", "mem_available"]
 
 
 def _int(path: Path) -> int | None:
@@ -22,16 +22,15 @@ def _int(path: Path) -> int | None:
         return None
 
 
-def cgroup_room(proc: str | Path = "/proc/self", root: str | Path = "/") -> int | None:
-    """Bytes left under the tightest memory limit over this process's cgroup and its
-    ancestors (never below 0), or None where none is set. ``proc``, ``root``: as for
-    :func:`~aioloader.base.cpus.cpu_quota`."""
+def _limits(proc: str | Path, root: str | Path) -> list[tuple[int, int]]:
+    """``(limit, used)`` bytes of each memory limit set over this process's cgroup and its
+    ancestors."""
     try:
         proc_cgroup = Path(proc, "cgroup").read_text()
         mountinfo = Path(proc, "mountinfo").read_text()
     except OSError:
-        return None
-    rooms = []
+        return []
+    found = []
     for version, directory in quota_dirs(proc_cgroup, mountinfo, "memory"):
         d = Path(root, directory.lstrip("/"))
         limit, used = (
@@ -41,8 +40,21 @@ def cgroup_room(proc: str | Path = "/proc/self", root: str | Path = "/") -> int 
         )
         # v1 writes "no limit" as a huge number (PAGE_COUNTER_MAX pages): beyond any machine.
         if limit is not None and used is not None and limit < 1 << 60:
-            rooms.append(max(0, limit - used))
-    return min(rooms, default=None)
+            found.append((limit, used))
+    return found
+
+
+def cgroup_room(proc: str | Path = "/proc/self", root: str | Path = "/") -> int | None:
+    """Bytes left under the tightest memory limit over this process's cgroup and its
+    ancestors (never below 0), or None where none is set. ``proc``, ``root``: as for
+    :func:`~aioloader.base.cpus.cpu_quota`."""
+    return min((max(0, limit - used) for limit, used in _limits(proc, root)), default=None)
+
+
+def cgroup_limit(proc: str | Path = "/proc/self", root: str | Path = "/") -> int | None:
+    """The smallest memory limit, in bytes, over this process's cgroup and its ancestors, or
+    None where none is set (what ``aioloader doctor`` reports beside the room left)."""
+    return min((limit for limit, _ in _limits(proc, root)), default=None)
 
 
 def mem_available(meminfo: str | Path = "/proc/meminfo") -> int | None:

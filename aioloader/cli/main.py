@@ -4,8 +4,10 @@
 batch in the training loop and once fed by :class:`aioloader.Loader`, and prints how long
 the trainer waited for data each way. ``aioloader bench PATH_OR_URL`` runs the user's own
 files through the loader and names the bottleneck (:mod:`aioloader.cli.bench`).
-``aioloader doctor`` lists, and with ``--remove`` removes, shared memory left by loaders whose
-process is gone (:mod:`aioloader.safety.doctor`).
+``aioloader doctor`` checks the environment a loader will meet (torch and CUDA, GPUs, CPUs,
+``/dev/shm``, limits, memory, ranks), each finding with what to do, then lists, and with
+``--remove`` removes, shared memory left by loaders whose process is gone
+(:mod:`aioloader.cli.doctor`).
 
 This module stays light (argparse, os) and imports the demo, and with it torch, only when
 the command runs: the decode workers' fork server preloads the modules the main script
@@ -137,13 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(error=demo.error)
     doctor = sub.add_parser(
         "doctor",
-        help="list (and with --remove, remove) shared memory left by loaders whose process is gone",
+        help="check the environment a loader will meet, and list (with --remove, remove) shared "
+        "memory left by loaders whose process is gone",
         description=(
-            "List the shared-memory segments and semaphores of aioloader loaders whose process "
-            "no longer runs (left by an aioloader older than its crash guarantees, or by a whole "
-            "process group killed at once). Names of running loaders are never touched. Pids are "
-            "judged in this pid namespace: where containers share /dev/shm, run it in the "
-            "container whose trainers made them."
+            "Check the environment a loader will meet: torch and CUDA, GPUs and their driver, "
+            "nvImageCodec, usable CPUs and the cgroup quota, /dev/shm, the open-file limit, the "
+            "multiprocessing start method, memory and the cgroup memory limit, ranks on the node; "
+            "each finding says what to do. Then list the shared-memory segments and semaphores of "
+            "aioloader loaders whose process no longer runs (left by an aioloader older than its "
+            "crash guarantees, or by a whole process group killed at once). Names of running "
+            "loaders are never touched. Pids are judged in this pid namespace: where containers "
+            "share /dev/shm, run it in the container whose trainers made them."
         ),
     )
     doctor.add_argument("--remove", action="store_true", help="remove the leftovers listed")
@@ -151,21 +157,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench(sub)
     return parser
-
-
-def _doctor(remove: bool) -> int:
-    from aioloader.safety import doctor
-
-    entries = doctor.scan()
-    print(doctor.report(entries, hint=not remove))
-    if not remove:
-        return 0
-    removed, errors = doctor.remove(entries)
-    freed = doctor.size_text(sum(e.size for e in removed))
-    print(f"removed {len(removed)} leftover{'s' if len(removed) != 1 else ''} ({freed}).")
-    for message in errors:
-        print(f"could not remove {message}")
-    return 1 if errors else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,7 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     if args.command == "doctor":
-        return _doctor(args.remove)
+        from aioloader.cli.doctor import run_doctor  # torch: imported only when it runs
+
+        return run_doctor(args.remove)
     if args.command == "bench":
         from aioloader.cli.bench import main as bench
 

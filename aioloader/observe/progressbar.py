@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from aioloader.observe.stats import Counters
 
-__all__ = ["EpochBar", "ProgressMode", "make_bar", "size_text", "terminal_bar"]
+__all__ = ["EpochBar", "ProgressMode", "bar_drawn", "make_bar", "size_text", "terminal_bar"]
 
 ProgressMode = bool | Literal["always"]
 T = TypeVar("T")
@@ -102,7 +102,7 @@ def _quiet_tqdm() -> Any:
 
 def terminal_bar(items: Iterable[T], mode: ProgressMode, **kw: Any) -> Iterable[T]:
     """``items``, with a bar on stderr as ``mode`` says (see :func:`make_bar`)."""
-    if not _drawn(mode):
+    if not bar_drawn(mode):
         return items
     return cast("Iterable[T]", _quiet_tqdm()(items, file=sys.stderr, mininterval=REFRESH, **kw))
 
@@ -112,10 +112,11 @@ def make_bar(
 ) -> EpochBar | None:
     """The bar for this epoch (``done`` of its ``total`` batches already received, on a
     resume), or None: ``mode`` off, or ``True`` with stderr not a terminal."""
-    return EpochBar(epoch, total, counters, done) if _drawn(mode) else None
+    return EpochBar(epoch, total, counters, done) if bar_drawn(mode) else None
 
 
-def _drawn(mode: ProgressMode) -> bool:
+def bar_drawn(mode: ProgressMode) -> bool:
+    """Whether a bar is drawn under ``mode``: ``"always"``, or ``True`` with stderr a terminal."""
     return mode == "always" or (mode is True and _is_terminal(sys.stderr))
 
 
