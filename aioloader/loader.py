@@ -45,12 +45,16 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-class _Default:
+class _DefaultDecode:
+    """The default of ``Loader(decode=...)``: the loader makes its own ``ImageDecoder(224)``
+    (``decode=None`` delivers the bytes). Its repr is what ``help(Loader)`` and the API page
+    show as the default (docs/griffe_defaults.py)."""
+
     def __repr__(self) -> str:
-        return "ImageDecoder(size=224)"
+        return "ImageDecoder(224)"
 
 
-_DEFAULT_DECODE: Any = _Default()
+_DEFAULT_DECODE: Any = _DefaultDecode()
 
 
 class Loader:
@@ -60,7 +64,7 @@ class Loader:
         dataset: a :class:`FileDataset`, or a sequence of paths (no labels).
         batch_size: samples per batch.
         decode: ``bytes -> sample``, run in ``num_workers`` processes; default
-            ``ImageDecoder(size=224)``. ``None`` delivers the raw bytes (no processes). Any
+            ``ImageDecoder(224)``. ``None`` delivers the raw bytes (no processes). Any
             callable: a module function, a lambda, a closure, a callable object, a function
             defined (or redefined) in a notebook or ``__main__`` at any time. It is sent to
             the workers by value (cloudpickle) when the loader is made, so each loader runs

@@ -220,8 +220,38 @@ def test_an_entry_that_cannot_be_written_logs_one_warning_and_loses_no_sample(
         assert reads(log) == ["f00002.txt", "f00005.txt"]
         stats = loader.stats.cache
     assert stats is not None and (stats.stored, stats.epoch_hits, stats.epoch_misses) == (N - 2, N - 2, 2)
+    stats = loader.stats.cache  # once closed: every write counted, the last epoch's too
+    assert stats is not None and (stats.write_errors, stats.over_bound) == (4, 0)  # tried each epoch
     warned = unkept_warnings(caplog)
-    assert len(warned) == 1 and "Is a directory" in warned[0].getMessage()
+    assert len(warned) == 1 and "EISDIR: Is a directory" in warned[0].getMessage()
+
+
+def test_each_kind_of_failed_write_logs_one_warning(
+    tmp_path: Path, log: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Writes failing two ways, each twice: two entries whose paths are folders (EISDIR), and
+    a file lying where another entry's sub-folder goes (ENOTDIR). One WARNING per kind, naming
+    its cause and the entry's file; every failed write counted in ``write_errors``."""
+    caplog.set_level(logging.WARNING, logger="aioloader")
+    files = write_numbered_files(tmp_path / "data", N)
+    cache = Cache(directory=tmp_path / "cache")
+    rels = [relpath(file_key(cache, f)) for f in files]
+    subs = [r.split("/")[0] for r in rels]
+    alone = [i for i, sub in enumerate(subs) if subs.count(sub) == 1]  # their sub-folder theirs alone
+    assert len(alone) >= 3, rels  # 8 random keys in 256 sub-folders
+    (tmp_path / "cache").mkdir()
+    for i in alone[:2]:
+        (tmp_path / "cache" / rels[i]).mkdir(parents=True)
+    (tmp_path / "cache" / subs[alone[2]]).write_bytes(b"not a folder")
+    with make(files, log, False, cache) as loader:
+        for e in range(2):
+            assert sorted(epoch(loader, e)) == list(range(N))
+    stats = loader.stats.cache  # once closed: every write counted, the last epoch's too
+    assert stats is not None and (stats.stored, stats.write_errors, stats.over_bound) == (N - 3, 6, 0)
+    warned = sorted(r.getMessage() for r in unkept_warnings(caplog))
+    assert len(warned) == 2, warned
+    assert "EISDIR: Is a directory" in warned[0] and any(rels[i] in warned[0] for i in alone[:2])
+    assert "ENOTDIR: Not a directory" in warned[1] and rels[alone[2]] in warned[1]
 
 
 # -- 4. max_side past the bound ----------------------------------------------------------------

@@ -357,6 +357,50 @@ def test_shrink_applies_the_exif_orientation(max_side: int, want: tuple[int, int
     assert diff.mean() < 8
 
 
+def tagged_file(fmt: str, orientation: int) -> bytes:
+    """A 400x300 RGB image whose top-left 80x60 corner alone is red (the rest blue), saved
+    as ``fmt`` with the EXIF orientation ``orientation``: a true MPO (two frames) for MPO,
+    the tag in the TIFF's own IFD for TIFF."""
+    a = np.zeros((300, 400, 3), dtype=np.uint8)
+    a[...] = (20, 20, 230)
+    a[:60, :80] = (230, 20, 20)
+    img = Image.fromarray(a, "RGB")
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    if fmt == "MPO":
+        img.save(buf, fmt, exif=exif.tobytes(), save_all=True, append_images=[img])
+    elif fmt == "TIFF":
+        img.save(buf, fmt, tiffinfo={0x0112: orientation})
+    else:
+        img.save(buf, fmt, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "TIFF", "MPO"])
+@pytest.mark.parametrize("max_side", [200, 1000])
+def test_shrink_turns_every_format_upright_once(fmt: str, orientation: int, max_side: int) -> None:
+    """Each format Pillow reads, tagged 3, 6 or 8, comes back upright: the red corner where
+    ``ImageOps.exif_transpose(Image.open(...))`` of the same file puts it (it also turns a
+    TIFF, whose reader applies the tag itself as it loads), the size the upright image's,
+    scaled (200) or as it is (1000)."""
+    data = tagged_file(fmt, orientation)
+    src = Image.open(io.BytesIO(data))
+    assert (src.format, src.getexif().get(0x0112)) == (fmt, orientation)  # the file is as meant
+    upright = ImageOps.exif_transpose(src).convert("RGB")
+    want = target_size(upright.width, upright.height, max_side)
+    img = opened(shrink(data, max_side, 95))
+    assert img.size == want and img.getexif().get(0x0112, 1) == 1
+    reference = np.asarray(upright.resize(want), dtype=np.int16)
+    got = np.asarray(img, dtype=np.int16)
+    assert np.abs(got - reference).mean() < 8
+    red = np.argwhere((got[..., 0] > 128) & (got[..., 2] < 128))
+    red_ref = np.argwhere((reference[..., 0] > 128) & (reference[..., 2] < 128))
+    assert red.size and red_ref.size
+    assert np.abs(red.mean(axis=0) - red_ref.mean(axis=0)).max() < 2  # the same corner
+
+
 def test_shrink_keeps_as_it_is_what_needs_nothing() -> None:
     """An image within ``max_side`` with no turn to apply (no tag, or orientation 1), a
     format that is not re-encoded, and bytes that are no image at all: None (kept as is)."""

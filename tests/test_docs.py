@@ -5,6 +5,8 @@ the two commands, the extras)."""
 
 from __future__ import annotations
 
+import html
+import inspect
 import os
 import re
 import shutil
@@ -131,19 +133,72 @@ def test_markers_are_read_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyP
         snippets(page)
 
 
-@pytest.mark.timeout(300)
-def test_the_site_builds_strict(tmp_path: Path) -> None:
-    """``mkdocs build --strict``: no broken link or anchor, no missing API reference."""
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``mkdocs build --strict`` once for the module: how it ended, and the site's folder."""
+    site = tmp_path_factory.mktemp("site")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
         cwd=ROOT,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
         text=True,
         timeout=240,
     )
+    return done, site
+
+
+@pytest.mark.timeout(300)
+def test_the_site_builds_strict(built: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    """``mkdocs build --strict``: no broken link or anchor, no missing API reference."""
+    done, site = built
     assert done.returncode == 0, done.stderr[-6000:]
-    assert (tmp_path / "site" / "api" / "loader" / "index.html").is_file()
+    assert (site / "api" / "loader" / "index.html").is_file()
+
+
+def _text(fragment: str) -> str:
+    """An HTML fragment's text, as the browser shows it."""
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+@pytest.mark.timeout(300)
+def test_the_api_pages_show_formatted_signatures_and_code_that_scrolls(
+    built: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    """In the built site: ``Loader``'s signature on the API page is formatted, one parameter
+    a line, its ``decode`` default shown as the live default's repr (no private name: on
+    no API page does a signature show one as a default); and the page's stylesheets make
+    code blocks scroll sideways (``overflow-x``) rather than run past the right edge."""
+    done, site = built
+    assert done.returncode == 0, done.stderr[-6000:]
+    page = (site / "api" / "loader" / "index.html").read_text()
+    at = page.index('id="aioloader.Loader"')
+    sig = re.search(r'<div class="doc-signature[^"]*"><pre>(.*?)</pre>', page[at:], flags=re.S)
+    assert sig is not None, "no signature block for Loader"
+    lines = [line.strip() for line in _text(sig.group(1)).strip().splitlines()]
+    params = [p for p in inspect.signature(aioloader.Loader).parameters.values() if p.name != "self"]
+    assert lines[0] == "Loader(" and lines[-1] == ")", lines
+    starts = [line.split(":")[0] for line in lines[1:-1] if line != "*,"]
+    assert starts == [p.name for p in params], lines  # one parameter a line, all of them
+    default = repr(inspect.signature(aioloader.Loader).parameters["decode"].default)
+    assert default == "ImageDecoder(224)"
+    decode = next(line for line in lines if line.startswith("decode:"))
+    assert decode.endswith(f"= {default},"), decode
+    for api in (site / "api").rglob("index.html"):
+        text = api.read_text()
+        assert "_DEFAULT_DECODE" not in text, api
+        for block in re.findall(r'<div class="doc-signature[^"]*"><pre>(.*?)</pre>', text, flags=re.S):
+            assert not re.search(r"=\s*_\w", _text(block)), (api, _text(block))  # a private default
+    # The stylesheets the built page links, read from the built site.
+    sheets = re.findall(r'<link rel="stylesheet" href="([^"]+)"', page)
+    css = "".join((site / "api" / "loader" / href.split("?")[0]).resolve().read_text() for href in sheets)
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    scrolls = [
+        sel.strip()
+        for sel, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css)
+        if re.search(r"\bpre\b", sel) and re.search(r"overflow-x\s*:\s*(auto|scroll)", body)
+    ]
+    assert any(re.search(r"\bpre\s*>\s*code\b", s) for s in scrolls), scrolls
 
 
 def test_every_public_name_has_an_api_entry() -> None:

@@ -35,14 +35,28 @@ from aioloader.cache.entries import HEADER, check, crc_ok, header, relpath
 from aioloader.memory.results import Source
 from aioloader.memory.slabs import Arena
 
-__all__ = ["BAD", "DiskStore"]
+__all__ = ["BAD", "FULL", "DiskStore", "failed_write"]
 
 #: :meth:`DiskStore.read` found an entry that failed its checks.
 BAD = "bad"
 
 
+#: The errnos by which a disk says it is full: no more writes are tried.
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
 #: Seconds after which a temporary file no writer holds locked is left over, whatever its pid.
 STALE = 60.0
+
+
+def failed_write(exc: BaseException) -> tuple[str, str]:
+    """The kind of a failed :meth:`DiskStore.put` (an ``OSError``'s errno name, else the
+    exception's type) and what to say of it: the cause, the entry's file, what follows."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    if not isinstance(exc, OSError) or code is None:
+        return type(exc).__name__, f"{type(exc).__name__}: {exc}; the source is read instead"
+    kind = errno.errorcode.get(code, f"errno {code}")
+    after = "; no more entries are written (the disk is full)" if code in FULL else ""
+    return kind, f"{kind}: {exc.strerror}, writing {exc.filename}; the source is read instead{after}"
 
 
 def _alive(pid: int) -> bool:
@@ -84,8 +98,9 @@ class DiskStore:
         self.held = 0
         #: Entries found at :meth:`open` plus those written since.
         self.entries = 0
-        #: The disk said it is full (ENOSPC, EDQUOT): nothing more is written.
-        self.full = False
+        #: The error by which the disk said it is full (ENOSPC, EDQUOT), else None: once set,
+        #: nothing more is written (:meth:`put` raises it again for each write asked for).
+        self.full: OSError | None = None
         #: Keys whose entry :meth:`read` found bad: :meth:`put` replaces it, whatever its size.
         self._bad: set[str] = set()
         self._lock = threading.Lock()
@@ -115,7 +130,7 @@ class DiskStore:
                     self.entries += 1
 
     def room(self, size: int = 1) -> bool:
-        return not self.full and self.held + HEADER + size <= self.max_bytes
+        return self.full is None and self.held + HEADER + size <= self.max_bytes
 
     def read(self, key: str, arena: Arena | None) -> Source | str | None:
         """The entry's bytes (into ``arena`` when it fits), None when there is none, or
@@ -159,8 +174,10 @@ class DiskStore:
         return BAD
 
     def put(self, key: str, data: bytes | memoryview) -> bool:
-        """Write the entry; False when it would pass the bound or the disk is full (nothing
-        left behind). True also when another process wrote it already."""
+        """Write the entry; False when it would pass the bound (nothing left behind). True
+        also when another process wrote it already. Raises the ``OSError`` of a write that
+        failed (nothing left behind either), naming the entry's file and the cause (its
+        errno kept); once the disk said it is full, that error again, without writing."""
         path = self.folder / relpath(key)
         size = HEADER + len(data)
         with self._lock:
@@ -172,9 +189,14 @@ class DiskStore:
         if old == size and not bad:
             return True  # written by another rank
         with self._lock:
-            if not self.room(len(data)):
-                return False
-            self.held += size  # taken now: threads writing at once stay within the bound
+            full = self.full
+            fits = self.room(len(data))
+            if fits:
+                self.held += size  # taken now: threads writing at once stay within the bound
+        if full is not None:
+            raise OSError(full.errno, full.strerror, str(path))
+        if not fits:
+            return False
         tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{key}")
         try:
             path.parent.mkdir(exist_ok=True)
@@ -191,13 +213,12 @@ class DiskStore:
         except OSError as exc:
             with suppress(OSError):
                 os.unlink(tmp)
+            failed = OSError(exc.errno, exc.strerror, str(path))  # the entry, not its .tmp name
             with self._lock:
                 self.held -= size
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    self.full = True
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                return False
-            raise
+                if exc.errno in FULL and self.full is None:
+                    self.full = failed
+            raise failed from exc
         with self._lock:
             self._bad.discard(key)
             if old is None:

@@ -7,16 +7,18 @@ For each chunk of reads the engine asks :meth:`SampleCache.serve`; each sample i
 - **a miss to keep**: read from the source as without a cache, then, once its decode
   succeeded, kept by :meth:`SampleCache.keep` (its bytes, or the small image its worker made
   with ``max_side``) under the key :meth:`serve` gave it;
-- **a miss not kept** (:data:`UNKEPT`): the bound is reached, or its identity is unknown (a
-  file that cannot be stat'ed now, a custom ``read`` whose paths are not files, an object of
-  :mod:`aioloader.cache.identity`'s exceptions), or the cache did not answer within
-  ``sample_timeout``: read from the source, as every epoch will.
+- **a miss not kept** (:data:`UNKEPT`): the bound is reached, the disk said it is full, or
+  its identity is unknown (a file that cannot be stat'ed now, a custom ``read`` whose paths
+  are not files, an object of :mod:`aioloader.cache.identity`'s exceptions), or the cache
+  did not answer within ``sample_timeout``: read from the source, as every epoch will.
 
 Identities, and so keys, are :mod:`aioloader.cache.identity`'s. A cache that fails (an entry
 that cannot be read, a write refused) loses its entry, never the sample: the source is read,
-one WARNING on the ``aioloader`` logger says why. Loop-bound, but for the blocking parts on
-the cache's own daemon threads: stats and lookups on one pool, writes on another (a write
-waits for the disk store's count of its folder; lookups never wait behind writes).
+one WARNING on the ``aioloader`` logger per kind of failed write (its errno: ENOSPC, EACCES,
+EIO, ...) says why, and ``CacheStats.write_errors`` counts them. Loop-bound, but for the
+blocking parts on the cache's own daemon threads: stats and lookups on one pool, writes on
+another (a write waits for the disk store's count of its folder; lookups never wait behind
+writes).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from aioloader.base.threads import DaemonThreadPool
-from aioloader.cache.diskstore import BAD, DiskStore
+from aioloader.cache.diskstore import BAD, DiskStore, failed_write
 from aioloader.cache.identity import Fill, Identities
 from aioloader.cache.memstore import MemoryStore
 from aioloader.cache.settings import Cache
@@ -159,7 +161,9 @@ class SampleCache:
         hits = n - got.count(None)
         served = sum(s[1] if isinstance(s, tuple) else len(s) for s in got if s is not None)
         over = sum(1 for f, k in zip(fills, keys, strict=True) if f == UNKEPT and k is not None)
-        self._count(hits=hits, misses=n - hits, rejected=rejected, served=served, over_bound=over)
+        full = self._disk is not None and self._disk.full is not None  # not the bound: the disk
+        unkept = {"write_errors" if full else "over_bound": over}
+        self._count(hits=hits, misses=n - hits, rejected=rejected, served=served, **unkept)
         return got, fills
 
     async def _lookup(self, keys: list[str], arena: Arena | None) -> list[Source | str | None]:
@@ -229,9 +233,18 @@ class SampleCache:
         exc = fut.exception()
         if exc is None:
             self._done(bool(fut.result()), True)
-        elif str(type(exc)) not in self._warned:  # once per kind: a full log helps no one
-            self._warned.add(str(type(exc)))
-            log.warning("the sample cache could not keep an entry (the source is read instead): %s", exc)
+        else:
+            self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        """A write that raised: counted, and one WARNING per kind (:func:`failed_write`): a
+        full log helps no one."""
+        self._count(write_errors=1)
+        kind, why = failed_write(exc)
+        if kind not in self._warned:
+            self._warned.add(kind)
+            folder = self._disk.folder if self._disk is not None else None
+            log.warning("the sample cache could not keep an entry in %s (%s)", folder, why)
 
     def _done(self, kept: bool, new: bool) -> None:
         self._count(stored=int(kept and new), over_bound=int(not kept))
@@ -247,6 +260,7 @@ class SampleCache:
             epoch_misses=s.epoch_misses + misses,
             stored=s.stored + more.get("stored", 0),
             over_bound=s.over_bound + more.get("over_bound", 0),
+            write_errors=s.write_errors + more.get("write_errors", 0),
             rejected=s.rejected + more.get("rejected", 0),
             bytes_served=s.bytes_served + more.get("served", 0),
             bytes_held=store.held,
@@ -270,7 +284,12 @@ class SampleCache:
         for key in list(self._jobs):
             job = self._jobs.pop(key, None)
             self._writing.pop(key, None)
-            if job is not None and job.done() and not job.cancelled() and job.exception() is None:
+            if job is None or not job.done() or job.cancelled():
+                continue
+            exc = job.exception()
+            if exc is None:
                 self._done(bool(job.result()), True)
+            else:
+                self._failed(exc)
         if self._memory is not None:
             self._memory.close()

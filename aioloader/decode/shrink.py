@@ -4,8 +4,10 @@ the file's bytes in, the bytes to keep out.
 
 - An image of a format Pillow knows as JPEG, MPO, PNG, WebP, BMP or TIFF, larger than ``N``
   on its longer side, is kept re-encoded as a baseline JPEG at ``quality``: the longer side
-  ``N`` pixels, the other scaled alike (at least 1), EXIF orientation applied (so the EXIF
-  block, orientation included, is not kept; the ICC profile is), in RGB or, for a grey
+  ``N`` pixels, the other scaled alike (at least 1), EXIF orientation applied once (as
+  ``ImageOps.exif_transpose`` shows the file: Pillow's TIFF reader applies it itself as it
+  loads, the other formats leave it to us; the EXIF block, orientation included, is not
+  kept; the ICC profile is), in RGB or, for a grey
   image, L. A JPEG is decoded at a reduced scale (Pillow's ``draft``: 1/2, 1/4 or 1/8 in the
   DCT domain) whenever that still covers ``N``, so the reduction costs a fraction of a full
   decode.
@@ -58,9 +60,11 @@ def shrink(data: bytes | memoryview, max_side: int, quality: int) -> bytes | Non
     with img:
         if img.format not in FORMATS:
             return None
-        orientation = img.getexif().get(_ORIENTATION, 1)
+        tagged = img.getexif().get(_ORIENTATION, 1) in _TRANSPOSE
+        # ``img.size`` is the size as stored, except for a TIFF (upright already): either way
+        # the size of the pixels ``load()`` gives, which are scaled before any turn.
         target = target_size(img.width, img.height, max_side)
-        if target == img.size and orientation not in _TRANSPOSE:
+        if target == img.size and not tagged:
             return None
         mode = "L" if img.mode in ("L", "LA", "1", "I;16", "I;16B", "I;16L", "I") else "RGB"
         if img.format in ("JPEG", "MPO"):
@@ -72,7 +76,10 @@ def shrink(data: bytes | memoryview, max_side: int, quality: int) -> bytes | Non
             # Bicubic (antialiased when reducing): a third cheaper than Lanczos, and the image
             # is resampled again by the decode anyway.
             out = out.resize(target, Image.Resampling.BICUBIC)
-        turn = _TRANSPOSE.get(orientation)
+        # Read again once loaded: Pillow's TIFF reader turns the pixels upright as it loads
+        # (and reports the upright size from the start), then drops the tag; the other
+        # formats keep it and leave the turn to us.
+        turn = _TRANSPOSE.get(img.getexif().get(_ORIENTATION, 1))
         if turn is not None:
             out = out.transpose(turn)
         buf = io.BytesIO()

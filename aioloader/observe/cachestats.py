@@ -19,7 +19,10 @@ class CacheStats:
     kept (a disk cache: written, or found written by another rank meanwhile); ``bytes_held`` and
     ``entries``: what the cache holds now (a disk cache: what it held when the loader
     started, plus what this loader added); ``max_bytes``: its bound; ``over_bound``:
-    misses not kept because the bound was reached (each time one is read); ``rejected``:
+    misses not kept because the bound was reached (each time one is read); ``write_errors``:
+    misses not kept because their entry could not be written (a disk cache: each write that
+    failed, ENOSPC, EACCES, EIO, ...; once the disk said it is full, ENOSPC or EDQUOT, no
+    more writes are tried and each miss since counts, each time one is read); ``rejected``:
     entries found cut short or damaged (read again from the source); ``epoch_hits``,
     ``epoch_misses``: this epoch's. A disk cache's writes land behind the batches: ``stored``,
     ``entries`` and ``bytes_held`` count every one that landed once ``close()`` returned."""
@@ -36,6 +39,7 @@ class CacheStats:
     epoch: int = 0
     epoch_hits: int = 0
     epoch_misses: int = 0
+    write_errors: int = 0  # last: a field added later, the order of the others kept
 
     @property
     def hit_rate(self) -> float:
