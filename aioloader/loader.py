@@ -46,9 +46,7 @@ class State(enum.Enum):
 
 
 class _DefaultDecode:
-    """The default of ``Loader(decode=...)``: the loader makes its own ``ImageDecoder(224)``
-    (``decode=None`` delivers the bytes). Its repr is what ``help(Loader)`` and the API page
-    show as the default (docs/griffe_defaults.py)."""
+    """The default ``decode``: an ``ImageDecoder(224)``, as its repr shows (help, API pages)."""
 
     def __repr__(self) -> str:
         return "ImageDecoder(224)"
@@ -373,12 +371,8 @@ class Loader:
         trainer has received; prefetched ones are not counted). See :mod:`aioloader.plan.resume`."""
         progress = self._epochs.progress(len(self))
         snap = self._counters.snapshot()
-        stats = {
-            "samples": snap.samples,
-            "batches": snap.batches,
-            "attempted": snap.attempted,
-            "failures_by_reason": snap.failures_by_reason,
-        }
+        stats: dict[str, Any] = {"samples": snap.samples, "batches": snap.batches, "attempted": snap.attempted}
+        stats["failures_by_reason"] = snap.failures_by_reason
         return make_state(self._config, len(self._dataset), progress, stats)
 
     def load_state_dict(self, state: dict[str, Any], *, allow_reshard: bool = False) -> None:
