@@ -370,9 +370,9 @@ class Loader:
         """A small JSON-serialisable snapshot of where this rank is in its epoch (batches the
         trainer has received; prefetched ones are not counted). See :mod:`aioloader.plan.resume`."""
         progress = self._epochs.progress(len(self))
-        snap = self._counters.snapshot()
-        stats: dict[str, Any] = {"samples": snap.samples, "batches": snap.batches, "attempted": snap.attempted}
-        stats["failures_by_reason"] = snap.failures_by_reason
+        s = self._counters.snapshot()
+        stats: dict[str, Any] = {"samples": s.samples, "batches": s.batches, "attempted": s.attempted}
+        stats["failures_by_reason"] = s.failures_by_reason
         return make_state(self._config, len(self._dataset), progress, stats)
 
     def load_state_dict(self, state: dict[str, Any], *, allow_reshard: bool = False) -> None:
