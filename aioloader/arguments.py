@@ -169,7 +169,7 @@ def check_decode_on(decode_on: object, decode: object, num_workers: object, load
 
 def check_num_workers(value: object, usable_cpus: Callable[[], int]) -> tuple[int, bool]:
     """``(processes, "auto")``: None and ``"auto"`` start ``usable_cpus()`` (called only
-    then), ``"auto"`` letting the tuner pick how many decode."""
+    then: the CPUs this rank may use), ``"auto"`` letting the tuner pick how many decode."""
     auto = value == "auto"
     if value is None or auto:
         return usable_cpus(), auto
@@ -188,7 +188,9 @@ def check_io_concurrency(value: object, auto_start: int) -> tuple[int, bool]:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """The device batches are delivered on; refuses CUDA when this machine has none."""
+    """The device batches are delivered on; refuses CUDA when this machine has none, and an
+    index it has not. ``"cuda"`` keeps no index: the loader settles it when it starts, as this
+    rank's GPU (:func:`aioloader.run.start.settle_device`), not as the current device now."""
     if device is None:
         return torch.device("cpu")
     try:
@@ -198,12 +200,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r} needs CUDA, but torch.cuda.is_available() is False")
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        if index >= torch.cuda.device_count():
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(
                 f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
-        return torch.device("cuda", index)
+        return dev
     if dev.type != "cpu":
         raise ValueError(f"device={device!r}: only 'cpu' and 'cuda[:N]' are supported")
     return dev
@@ -228,7 +229,7 @@ def check_device_decode(decode: object, device: torch.device, collate: object, o
         return
     named = f"ImageDecoder(device={where!r})"
     asked = torch.device(where)
-    if asked.type != device.type or (asked.index is not None and asked != device):
+    if asked.type != device.type or (None not in (asked.index, device.index) and asked != device):
         raise ValueError(f"{named} decodes on the loader's device, but the loader's is {str(device)!r}")
     if collate is not None:
         raise ValueError(f"{named} makes its batches itself: it needs the default collate, not {collate!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -46,6 +47,7 @@ from aioloader.base.cpus import cpu_quota
 from aioloader.base.semnames import import_loky_cpu_count
 from aioloader.cache.settings import Cache
 from aioloader.decode.image import device_of
+from aioloader.plan.node import cpus_per_rank, node_ranks
 from aioloader.read.backends import StorageBackend, resolve
 
 __all__ = [
@@ -77,9 +79,11 @@ def usable_cpus() -> int:
     ``cpu.cfs_period_us``; the smallest binds), rounded up, at least 1. A pod limited to 4
     CPUs on a 64-core node gets 4; a quota of 1.5 CPUs gets 2.
 
-    The one count of usable CPUs: ``num_workers=None`` and ``"auto"`` start this many
-    processes, the autotuner (:mod:`aioloader.tune.tuner`) shares them with the trainer, and ``aioloader
-    bench``, the demo and the benchmarks use it.
+    The one count of usable CPUs: divided among the ranks of the node
+    (:func:`aioloader.plan.node.cpus_per_rank`, ``LoaderConfig.cpus_per_rank``), it is what
+    ``num_workers=None`` and ``"auto"`` start, what the autotuner (:mod:`aioloader.tune.tuner`)
+    shares with the trainer and what reader processes are counted against; ``aioloader
+    bench``, the demo and the benchmarks use it whole.
 
     The minimum of two counts. loky's ``cpu_count()``: ``os.cpu_count()``, the affinity,
     ``LOKY_MAX_CPU_COUNT`` when set (it lowers the count, never raises it), and the quota at
@@ -155,6 +159,12 @@ class LoaderConfig:
     io_auto: bool = False
     #: ``num_workers="auto"``: ``num_workers`` processes, of which the tuner lets some decode.
     workers_auto: bool = False
+    #: The processes on this node (``LOCAL_WORLD_SIZE``; under ``srun``, its tasks on the
+    #: node), 1 without a launcher (:func:`aioloader.plan.node.node_ranks`).
+    ranks_on_node: int = 1
+    #: This rank's part of the node's usable CPUs (:func:`aioloader.plan.node.cpus_per_rank`):
+    #: the default ``num_workers``, the tuner's CPUs, the reader processes' bound.
+    cpus_per_rank: int = 1
     #: The callables that run in other processes, pickled by value once (:mod:`aioloader.base.sendable`):
     #: ``decode`` always, ``read`` and ``collate`` when the loader starts in a loader process.
     sent: Mapping[str, bytes] = field(default_factory=dict, repr=False, compare=False)
@@ -197,7 +207,9 @@ class LoaderConfig:
         loader_process = check_loader_process(a.loader_process)
         seed = non_negative_int("seed", a.seed)
         on_ray = check_decode_on(a.decode_on, decode, a.num_workers, loader_process)
-        workers, workers_auto = check_num_workers(a.num_workers, usable_cpus)
+        node = node_ranks(os.environ)
+        cpus = cpus_per_rank(usable_cpus(), node)
+        workers, workers_auto = check_num_workers(a.num_workers, lambda: cpus)
         io, io_auto = check_io_concurrency(a.io_concurrency, AUTO_IO_START)
         prefetch = positive_int("prefetch", a.prefetch)
         device, pin_memory = check_device(a.device, a.pin_memory)
@@ -249,6 +261,8 @@ class LoaderConfig:
             progress=progress,
             io_auto=io_auto,
             workers_auto=workers_auto,
+            ranks_on_node=node.ranks,
+            cpus_per_rank=cpus,
             sent={**sent, **sent_there},
             decode_on="ray" if on_ray else "local",
             cluster_tasks=(workers if a.num_workers is not None else None) if on_ray else None,

@@ -31,7 +31,7 @@ from aioloader.read.urls import is_remote
 from aioloader.run.cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from aioloader.run.procruntime import ProcessRuntime
 from aioloader.run.runtime import Runtime
-from aioloader.run.start import start_runtime
+from aioloader.run.start import settled, start_runtime
 from aioloader.safety import sigterm
 
 __all__ = ["CLOSED_MESSAGE", "Loader", "State"]
@@ -61,13 +61,11 @@ class Loader:
     Args:
         dataset: a :class:`FileDataset`, or a sequence of paths (no labels).
         batch_size: samples per batch.
-        decode: ``bytes -> sample``, run in ``num_workers`` processes; default
-            ``ImageDecoder(224)``. ``None`` delivers the raw bytes (no processes). Any
-            callable: a module function, a lambda, a closure, a callable object, a function
-            defined (or redefined) in a notebook or ``__main__`` at any time. It is sent to
-            the workers by value (cloudpickle) when the loader is made, so each loader runs
-            its own; one that cannot be sent (it holds a lock or a socket) is a
-            ``ValueError`` here.
+        decode: ``bytes -> sample``, run in ``num_workers`` processes; default ``ImageDecoder(224)``.
+            ``None`` delivers the raw bytes (no processes). Any callable: a module function, a lambda, a
+            closure, a callable object, a function defined (or redefined) in a notebook or ``__main__`` at
+            any time. It is sent to the workers by value (cloudpickle) when the loader is made, so each
+            loader runs its own; one that cannot be sent (it holds a lock or a socket) is a ``ValueError``.
         collate: ``list of samples -> batch``; default :func:`default_collate`. Runs on the
             loader's collate thread, in the loader process by default (``loader_process``).
         shuffle: a new order each epoch, which depends only on ``(seed, epoch)``.
@@ -76,11 +74,11 @@ class Loader:
             the default collate, ``ordered=True``), batches that lost samples are topped up
             with the next samples of the epoch, so every batch is full.
         num_workers: decode processes (default: the CPUs this process may really use,
-            :func:`~aioloader.config.usable_cpus`: its CPU affinity lowered to the CPU quota
-            of its cgroup and its ancestors, rounded up, so a container limited to 4 CPUs on
-            a 64-core node starts 4, and so does a job in a nested cgroup of 4). ``"auto"``
-            starts that many, and lets as many decode at once as leaves the CPUs the
-            trainer's process measurably uses (its CPU time, measured every 2 s).
+            :func:`~aioloader.config.usable_cpus`: its CPU affinity lowered to the CPU quota of its cgroup
+            and its ancestors, rounded up, so a container limited to 4 CPUs on a 64-core node starts 4, and
+            so does a job in a nested cgroup of 4; divided by the ranks on the node under ``torchrun`` or
+            ``srun``, at least 1: ``stats.cpus_per_rank``). ``"auto"`` starts that many, and lets as many
+            decode at once as leaves the CPUs the trainer's process measurably uses (measured every 2 s).
         io_concurrency: file reads in flight at most, or ``"auto"`` (default): the loader moves it while
             running, by Little's law, to the reads the decoders need (read latency times the rate they can
             decode, twice over). It starts at 64, or at its floor where that is higher: the reads of two
@@ -91,7 +89,9 @@ class Loader:
         prefetch: finished batches buffered ahead of the trainer.
         ordered: batches in sampler order (default), or with False each as soon as it is built: the same
             batches (each holds the samples the sampler gave it), in completion order.
-        device: ``"cuda"``/``"cuda:N"`` delivers batches on that GPU; None or ``"cpu"``.
+        device: None or ``"cpu"``; ``"cuda:N"`` delivers batches on that GPU, ``"cuda"`` on this rank's,
+            settled when the loader starts: the current device if one was set, else ``LOCAL_RANK``'s
+            (``srun``: ``SLURM_LOCALID``'s), so under ``torchrun`` each rank delivers to its own GPU.
         pin_memory: copy to the GPU from page-locked memory, asynchronously (default: True with CUDA;
             ignored without it): straight from the loader process's slabs, page-locked in place
             (``cudaHostRegister``, once per slab), else through pinned staging buffers (a loader in the
@@ -104,9 +104,8 @@ class Loader:
             least 100 samples were attempted: judged at each failure after that, when the count of samples
             attempted reaches 100, and at the end of each epoch, where the error comes after all the epoch's
             batches (so failures that all came early are judged too).
-        read: blocking ``path -> bytes`` run on the I/O threads instead of reading the
-            file (another store, or injected delays and faults); must be thread-safe. In the
-            loader process by default (``loader_process``).
+        read: blocking ``path -> bytes`` run on the I/O threads instead of reading the file (another
+            store, injected delays and faults); thread-safe. In the loader process by default.
         zero_copy: decoded arrays and tensors (alone or nested in dicts, tuples, lists) are
             written by the workers into shared-memory batch slabs; once the loader has learned
             the samples' layout (from the first decode task, or a declared ``output_shape``), each
@@ -120,12 +119,11 @@ class Loader:
             :class:`LoaderTimeoutError` (a hung decode's worker is killed and replaced).
         max_worker_restarts: decode-pool rebuilds after worker crashes (signal, ``os._exit``)
             over the loader's life; the crash past it raises :class:`WorkerCrashedError`.
-        rank: this process's shard of every epoch (default: torch.distributed's rank when a
-            process group is initialised, else 0). Each rank sees a disjoint part of the
-            epoch's order; all ranks get the same number of batches.
+        rank: this process's shard of every epoch (default: torch.distributed's rank when a process group
+            is initialised, else 0). Ranks see disjoint parts of the order, each the same number of batches.
         world_size: the number of shards (default: torch.distributed's, else 1).
-        pad_shards: make shards equal by repeating a few samples (default, like
-            ``DistributedSampler``), or by dropping the tail that does not fill a round.
+        pad_shards: make shards equal by repeating a few samples (default, like ``DistributedSampler``),
+            or by dropping the tail that does not fill a round.
         loader_process: where the event loop, the reads, the decode pool and ``collate`` run. ``"auto"``
             (default): in a loader process of their own (forked by the zygote, so it starts in milliseconds)
             wherever a zygote can be made; the trainer's process keeps only the bridging thread, and batches
@@ -154,12 +152,11 @@ class Loader:
         progress: a progress bar per epoch on stderr (tqdm): batches, samples/s, MB/s, the
             share of time the trainer waited (and a cache's hit share and bytes). ``True``
             draws it only when stderr is a terminal; ``"always"`` draws it anyway (a log).
-        decode_on: ``"local"`` (default), or ``"ray"``: ``decode`` runs as Ray tasks on the
-            cluster this process connected to with ``ray.init(...)`` (else the loader tries
-            ``address="auto"``, then raises :class:`LoaderError`); ``num_workers``: tasks at
-            once (None: the cluster's CPUs). Same batches as ``"local"``; URLs are read on
-            the cluster. Loads in-process (``loader_process=True`` is refused); ``close()``
-            leaves Ray connected. ``pip install 'aioloader[ray]'``; see :mod:`aioloader.cluster`.
+        decode_on: ``"local"`` (default), or ``"ray"``: ``decode`` runs as Ray tasks on the cluster this
+            process connected to with ``ray.init(...)`` (else the loader tries ``address="auto"``, then
+            raises :class:`LoaderError`); ``num_workers``: tasks at once (None: the cluster's CPUs). Same
+            batches as ``"local"``; URLs are read on the cluster. Loads in-process (``loader_process=True``
+            is refused); ``close()`` leaves Ray connected. ``pip install 'aioloader[ray]'``.
         cache: a sample cache, :class:`~aioloader.Cache` (default None: every epoch reads the
             source): later epochs read what the first one kept, in memory or on local disk,
             optionally downscaled (``max_side``). ``stats.cache`` counts its hits.
@@ -271,9 +268,8 @@ class Loader:
 
     @property
     def runtime(self) -> Literal["process", "thread"] | None:
-        """Where the started loader's pipeline runs: ``"process"`` (a loader process) or
-        ``"thread"`` (the ``aioloader-loop`` thread of this process); None until it starts.
-        It stays after :meth:`close`. See ``loader_process``."""
+        """Where the started loader's pipeline runs: ``"process"`` (a loader process) or ``"thread"``
+        (the ``aioloader-loop`` thread of this process); None until it starts, kept after :meth:`close`."""
         return self._where
 
     @property
@@ -313,6 +309,7 @@ class Loader:
             if self._runtime is not None:
                 self._runtime.check_owner()
             else:
+                self._config = settled(self._config)  # on the starting thread: see there
                 runtime = start_runtime(self._config, self._dataset, self._counters)
                 # The safety net: a loader dropped without close() still stops everything.
                 self._finalizer = weakref.finalize(self, runtime.shutdown)
@@ -346,6 +343,8 @@ class Loader:
         self.close()  # never masks the body's exception: close does not raise
 
     async def __aenter__(self) -> Loader:
+        if self._runtime is None:  # the device settled here: CUDA's current device is a thread's own
+            self._config = settled(self._config)
         await in_thread(self.start)
         sigterm.install()  # back on the caller's thread, usually the main one
         return self

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 from helpers import FakeClock
 
-import aioloader.tune.tuner as tuner_module
 from aioloader.observe.stages import StageMeter
 from aioloader.tune.rules import (
     HOLD_TICKS,
@@ -174,7 +173,6 @@ def test_the_tuner_judges_each_tick_on_its_clocks(monkeypatch: pytest.MonkeyPatc
     """The tuner driven tick by tick on a fake wall clock and a fake CPU clock: the windows
     it hands the rules, a tick with too few reads widening the next, and the trainer's CPU
     use read every CPU_TICKS ticks."""
-    monkeypatch.setattr(tuner_module, "usable_cpus", lambda: 4)
     clock = FakeClock()
     cpu = {7: 10.0}  # the trainer's CPU seconds
     meters = {
@@ -182,7 +180,7 @@ def test_the_tuner_judges_each_tick_on_its_clocks(monkeypatch: pytest.MonkeyPatc
         "decode": StageMeter("decode", bound=8, capacity=4, clock=clock),
     }
     reader, decoder = FakeReader(64, max_io=1024), FakeDecoder(4)
-    config = SimpleNamespace(io_auto=True, workers_auto=True, batch_size=16, num_workers=4)
+    config = SimpleNamespace(io_auto=True, workers_auto=True, batch_size=16, num_workers=4, cpus_per_rank=4)
     tuner = Tuner(
         config,  # type: ignore[arg-type]
         reader,  # type: ignore[arg-type]

@@ -175,9 +175,14 @@ def test_cuda_without_cuda_rejected() -> None:
 
 
 @pytest.mark.cuda
-def test_cuda_device_resolves_with_index() -> None:
+def test_cuda_device_resolves_with_index_when_the_loader_starts(numbered: list[str]) -> None:
+    """``"cuda"`` keeps no index while the loader is made (this rank's GPU, whenever the
+    loader was made: tests/test_node.py); it has one from the start."""
     cfg = create(device="cuda")
-    assert cfg.device.type == "cuda" and cfg.device.index is not None
+    assert cfg.device == torch.device("cuda")
+    with aioloader.Loader(numbered, batch_size=4, decode=decode_number, device="cuda") as started:
+        assert started.config.device == torch.device("cuda", torch.cuda.current_device())
+        assert next(iter(started)).device == started.config.device
     assert cfg.pin_memory is True
     assert create(device="cuda", pin_memory=False).pin_memory is False
     with pytest.raises(ValueError, match=r"CUDA device\(s\)"):

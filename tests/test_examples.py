@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 from helpers import script_env
 
+from aioloader.config import usable_cpus
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def run(args: list[str], cwd: Path) -> str:
+def run(args: list[str], cwd: Path, gpus: bool = False) -> str:
     env = script_env()
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if not gpus:
+        env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
     )
@@ -59,14 +62,38 @@ def test_ddp_train_stops_and_resumes_under_torchrun(tmp_path: Path) -> None:
     ``torchrun --nproc-per-node 2 examples/ddp_train.py --ckpt DIR``, preempted after 3
     steps (checkpoints every 2), then the same command again: it resumes at the checkpoint's
     batch and trains the rest of the epoch, 2 + 6 of the 8 batches each rank gets of 240
-    images."""
+    images. On the CPU (gloo; no GPU is shown to it), each rank with half the node's usable
+    CPUs as decode workers, by default."""
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     example = [os.fspath(EXAMPLES / "ddp_train.py"), "--ckpt", os.fspath(tmp_path / "ckpt"), "--epochs", "1"]
     stopped = run([*torchrun, *example, "--stop-after", "3"], tmp_path)
     assert "stopping after 3 steps (epoch 0); run again to resume" in stopped, stopped
+    usable = usable_cpus()
+    share = max(1, usable // 2)
+    for rank in (0, 1):
+        line = f"rank {rank}: 2 ranks on this node, {share} of its {usable} usable CPUs each"
+        assert f"{line}: num_workers={share}" in stopped, stopped
+    assert "batches on cpu, training on cpu" in stopped, stopped
     resumed = run([*torchrun, *example], tmp_path)
     assert "resumed at epoch 0, batch 2 of 8" in resumed, resumed
     assert "epoch 0: 6 batches on rank 0" in resumed, resumed
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+@pytest.mark.timeout(300)
+def test_ddp_train_on_two_gpus_with_nccl(tmp_path: Path) -> None:
+    """``examples/ddp_train.py`` with a GPU per rank: NCCL, the model and each rank's batches
+    on its own GPU (rank 0's: cuda:0). Skipped on a machine with one GPU."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this machine has {torch.cuda.device_count()}")
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    example = [os.fspath(EXAMPLES / "ddp_train.py"), "--ckpt", os.fspath(tmp_path / "ckpt"), "--epochs", "1"]
+    out = run([*torchrun, *example], tmp_path, gpus=True)
+    assert "batches on cuda:0, training on cuda:0" in out, out
+    assert "epoch 0: 8 batches on rank 0" in out, out
 
 
 @pytest.mark.slow

@@ -50,6 +50,14 @@ class LoaderStats:
     #: Decode processes decoding at once, now (``num_workers="auto"`` moves it); with
     #: ``decode_on="ray"``, Ray tasks decoding at once.
     num_workers: int = 0
+    #: The processes on this node that share its CPUs: ``LOCAL_WORLD_SIZE`` under ``torchrun``,
+    #: the step's tasks on the node under ``srun``; 1 without a launcher.
+    ranks_on_node: int = 1
+    #: This rank's part of the node's usable CPUs (affinity and cgroup quota,
+    #: :func:`~aioloader.config.usable_cpus`): divided by ``ranks_on_node``, rounded down, at
+    #: least 1 (under ``srun``: ``SLURM_CPUS_PER_TASK`` where the job set it). The default
+    #: ``num_workers``, the CPUs ``"auto"`` shares with the trainer, the reader processes' bound.
+    cpus_per_rank: int = 0
     #: ``decode_on="ray"``: the cluster's tasks (None otherwise).
     cluster: ClusterStats | None = None
     #: ``ImageDecoder(device=...)``: where the samples were decoded (None otherwise).

@@ -109,12 +109,16 @@ class Counters:
         self.device: DeviceDecodeStats | None = None
         #: The sample cache's counts, as its loop publishes them (None without one).
         self.cache: CacheStats | None = None
+        #: How the node's CPUs were divided (the loader's settings: :meth:`for_loader`).
+        self.ranks_on_node, self.cpus_per_rank = 1, 0
 
     @classmethod
     def for_loader(cls, config: LoaderConfig, remote: bool) -> Counters:
         """The counters of a loader of ``config`` (stage bounds from its settings); ``remote``:
         its dataset is read from URLs (the bottleneck's advice differs)."""
-        return cls(config.io_concurrency, config.num_workers, Setup.of(config, remote))
+        counters = cls(config.io_concurrency, config.num_workers, Setup.of(config, remote))
+        counters.ranks_on_node, counters.cpus_per_rank = config.ranks_on_node, config.cpus_per_rank
+        return counters
 
     def begin_epoch(self, epoch: int) -> None:
         with self._lock:
@@ -356,6 +360,8 @@ class Counters:
                 recent_wait_share=found[1] if found is not None else None,
                 io_concurrency=stages["read"].bound,
                 num_workers=stages["decode"].capacity,
+                ranks_on_node=self.ranks_on_node,
+                cpus_per_rank=self.cpus_per_rank,
                 cluster=self.cluster,
                 device_decode=self.device,
                 cache=self.cache,

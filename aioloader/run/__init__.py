@@ -3,7 +3,7 @@ trainer keeping only the bridge. Above the engine, below ``loader.py``.
 
 | module | role |
 | --- | --- |
-| ``start.py`` | which runtime a loader starts (a loader process where a zygote can be made) |
+| ``start.py`` | the device settled as a loader starts (``"cuda"``: the rank's GPU); which runtime starts |
 | ``runtime.py`` | in-process: the ``aioloader-loop`` thread, the pipeline, the bridge, bounded shutdown |
 | ``procruntime.py`` | the trainer's side of a loader process: the process, the bridge reading its messages |
 | ``loaderproc.py`` | the loader process: the pipeline on its own loop, flow control, its two channels |

@@ -19,7 +19,7 @@ from aioloader.base.cgmemory import available_memory
 from aioloader.cache.samples import SampleCache
 from aioloader.cache.settings import resolved_bound
 from aioloader.cluster.session import RaySession
-from aioloader.config import LoaderConfig, usable_cpus
+from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.pool import DecodePool
 from aioloader.engine.decoding import decode_stage
@@ -168,7 +168,7 @@ def _assemble(
             inputs = SlabPool(config.batch_size, arenas, None, kind)
     n = read_workers(
         config.num_workers,
-        usable_cpus(),
+        config.cpus_per_rank,  # this rank's part of the node's CPUs
         decoding=config.decode is not None,
         own_read=config.read is None,
         timeout=config.sample_timeout,

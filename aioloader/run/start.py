@@ -1,4 +1,5 @@
-"""Which runtime a loader starts: the loop, the decode pool and collate in a loader process
+"""The device a loader delivers to, settled when it starts (:func:`settle_device`), and which
+runtime it starts: the loop, the decode pool and collate in a loader process
 (:class:`~aioloader.run.procruntime.ProcessRuntime`) when ``config.start_in`` is ``"process"``
 (settled from ``loader_process="auto"``, the default, or True) and a zygote can be made here,
 else in the trainer's process (:class:`~aioloader.run.runtime.Runtime`). Falling back is
@@ -8,14 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+
+import torch
 
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
+from aioloader.decode.image import device_of
 from aioloader.observe.stats import Counters
+from aioloader.plan.node import node_ranks, rank_gpu
 from aioloader.run.procruntime import NoZygote, ProcessRuntime
 from aioloader.run.runtime import Runtime
 
-__all__ = ["NO_ZYGOTE", "start_runtime"]
+__all__ = ["NO_ZYGOTE", "settle_device", "settled", "start_runtime"]
 
 logger = logging.getLogger("aioloader")
 
@@ -41,3 +47,32 @@ def start_runtime(config: LoaderConfig, dataset: FileDataset, counters: Counters
             # obstore's runtime would outlive close() here (aioloader/read/backends.py)
             config = dataclasses.replace(config, storage_backend="fsspec")
     return Runtime(config, dataset, counters)
+
+
+def settle_device(config: LoaderConfig) -> torch.device:
+    """``config.device`` with its index: as given (``"cpu"``, ``"cuda:N"``), else, for
+    ``"cuda"``, the index an ``ImageDecoder(device="cuda:N")`` names, else this rank's GPU
+    (:func:`aioloader.plan.node.rank_gpu`: the current device if the user set one, else the
+    local rank's; a WARNING where two ranks of the node would deliver to one GPU).
+
+    Called on the thread that starts the loader, before any other: CUDA's current device is
+    a thread's own. Only an initialised CUDA can have had a device set, so an uninitialised
+    one is not initialised here to ask (current device 0)."""
+    device = config.device
+    if device.type != "cuda" or device.index is not None:
+        return device
+    named = device_of(config.decode)
+    if named is not None and torch.device(named).index is not None:
+        return torch.device(named)
+    current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    restricted = bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip())
+    index, warning = rank_gpu(node_ranks(os.environ), torch.cuda.device_count(), current, restricted)
+    if warning is not None:
+        logger.warning(warning)
+    return torch.device("cuda", index)
+
+
+def settled(config: LoaderConfig) -> LoaderConfig:
+    """``config`` with its device settled (:func:`settle_device`); once settled, it stays:
+    ``async with`` settles it on the caller's thread, then starts the loader on another."""
+    return dataclasses.replace(config, device=settle_device(config))

@@ -20,8 +20,9 @@ in bursts: a decode chunk waits for its last file), between ``lo`` and ``hi``:
 ``hi`` comes from the open-file limit and a memory bound (:func:`memory_cap`): every read
 in flight holds its file, and its batch's slab holds the decoded sample.
 
-**Decode processes** (:class:`WorkerTuner`): the pool keeps one process per usable CPU; of
-those, ``usable - reserve`` decode at once, where ``reserve`` is the CPUs the trainer's
+**Decode processes** (:class:`WorkerTuner`): the pool keeps one process per usable CPU (this
+rank's part of the node's, ``LoaderConfig.cpus_per_rank``); of those, ``usable - reserve``
+decode at once, where ``reserve`` is the CPUs the trainer's
 process measurably uses (its CPU time over wall time, the loader's own threads included,
 rounded), so decoding does not take the cores the training step runs on. A change needs
 two ticks in a row that agree.

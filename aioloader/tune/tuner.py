@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from aioloader.base.cgmemory import available_memory
-from aioloader.config import LoaderConfig, usable_cpus
+from aioloader.config import LoaderConfig
 from aioloader.decode.contract import DecodeStageLike
 from aioloader.observe.stages import StageMeter, StageStats
 from aioloader.read.reader import FileReader
@@ -101,7 +101,7 @@ class Tuner:
                 on_io(self.io.limit)
         self.workers: WorkerTuner | None = None
         if config.workers_auto and decoder is not None:
-            self.workers = WorkerTuner(config.num_workers, usable_cpus())
+            self.workers = WorkerTuner(config.num_workers, config.cpus_per_rank)
 
     async def run(self) -> None:
         """Tune until cancelled (at the end of the epoch's production)."""
