@@ -22,6 +22,7 @@ from aioloader.dataset import IMAGE_EXTENSIONS, FileDataset
 from aioloader.decode.image import ImageDecoder
 from aioloader.decode.worker import sample_rng
 from aioloader.errors import (
+    CollateError,
     DecodeError,
     LoaderClosedError,
     LoaderError,
@@ -46,6 +47,7 @@ __all__ = [
     "Bottleneck",
     "Cache",
     "CacheStats",
+    "CollateError",
     "DecodeError",
     "FileDataset",
     "ImageDecoder",

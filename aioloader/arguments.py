@@ -230,6 +230,14 @@ def check_device_decode(decode: object, device: torch.device, collate: object, o
     named = f"ImageDecoder(device={where!r})"
     asked = torch.device(where)
     if asked.type != device.type or (None not in (asked.index, device.index) and asked != device):
+        if asked.type == "cuda" and not torch.cuda.is_available():
+            # The real cause: passing device= to the Loader too would only fail there.
+            build = "a CPU-only build" if torch.version.cuda is None else "built for CUDA but sees no GPU"
+            raise ValueError(
+                f"{named} decodes JPEGs on a CUDA GPU, but this machine has none "
+                f"(torch.cuda.is_available() is False; torch {torch.__version__} is {build}): "
+                f"leave device= out to decode on the CPU, in the worker processes"
+            )
         raise ValueError(f"{named} decodes on the loader's device, but the loader's is {str(device)!r}")
     if collate is not None:
         raise ValueError(f"{named} makes its batches itself: it needs the default collate, not {collate!r}")

@@ -14,7 +14,7 @@ import torch
 
 from aioloader.base.tree import flatten, unflatten
 
-__all__ = ["collate_leaves", "default_collate", "plain_batch"]
+__all__ = ["ShapeMismatch", "collate_leaves", "default_collate", "files_by_shape", "plain_batch"]
 
 #: Leaves that :func:`default_collate` gives back as a list, unchanged.
 _PLAIN = (bytes, str, type(None))
@@ -105,10 +105,46 @@ def _numbers(samples: list[Any]) -> torch.Tensor:
     raise TypeError(f"cannot collate numbers of mixed kinds {kinds} into one tensor")
 
 
+class ShapeMismatch(ValueError):
+    """Samples of one batch whose leaves at one position differ in shape. ``shapes`` holds
+    each sample's, in the batch's order, so the loader can name the files of each shape."""
+
+    def __init__(self, message: str, shapes: list[tuple[int, ...]]) -> None:
+        super().__init__(message)
+        self.shapes = shapes
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ShapeMismatch, (self.args[0], self.shapes))
+
+
 def _check_shapes(shapes: list[tuple[int, ...]], what: str) -> None:
     if any(s != shapes[0] for s in shapes):
         distinct = sorted(set(shapes))
-        raise ValueError(
+        raise ShapeMismatch(
             f"cannot stack {what} of different shapes {distinct[:4]} into one batch; "
-            "resize in decode or pass a custom collate"
+            "resize in decode or pass a custom collate",
+            shapes,
         )
+
+
+def files_by_shape(
+    shapes: list[tuple[int, ...]], paths: list[str], most: int = 3
+) -> tuple[str, tuple[str, ...]]:
+    """Which files had which shape (pure): ``"(48, 64, 3) in 1 sample: 'b.png'; (32, 32, 3)
+    in 15 samples, e.g. 'a.jpg', ..."``, the rarest shapes first (the odd ones out), at most
+    4 shapes and ``most`` files of each; and the files named. ``paths[i]`` is sample ``i``'s."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for shape, path in zip(shapes, paths, strict=True):
+        groups.setdefault(shape, []).append(path)
+    parts, named = [], []
+    for shape, files in sorted(groups.items(), key=lambda g: len(g[1]))[:4]:
+        shown = files[:most]
+        named += shown
+        listed = ", ".join(repr(f) for f in shown) + (", ..." if len(files) > most else "")
+        many = (
+            f"{len(files)} samples, e.g."
+            if len(files) > most
+            else f"{len(files)} sample{'s' * (len(files) > 1)}:"
+        )
+        parts.append(f"{shape} in {many} {listed}")
+    return "; ".join(parts), tuple(named)

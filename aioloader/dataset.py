@@ -169,7 +169,8 @@ class FileDataset:
         """ImageFolder layout: ``root/<class>/**/<file>``; sorted class folders get labels
         0..K-1. Hidden files and folders (``.name``) are skipped; ``extensions`` filters
         files by suffix (case-insensitive; None keeps every file). Files are sorted, so the
-        order does not depend on the file system.
+        order does not depend on the file system. A class folder with no such file is a
+        ``ValueError`` naming it, as in torchvision's ImageFolder.
 
         ``root`` may be a prefix in object storage (``s3://bucket/train/``, ``gs://``,
         ``az://``): the class prefixes are then listed concurrently, with
@@ -188,7 +189,7 @@ class FileDataset:
             top = Path(local_path(os.fspath(root)))
             where = os.fspath(top)
             if not top.is_dir():
-                raise FileNotFoundError(f"from_folder: root folder {where!r} does not exist")
+                raise FileNotFoundError(f"from_folder: root folder {_not_there(top)}")
             names = sorted(d.name for d in top.iterdir() if d.is_dir() and not d.name.startswith("."))
             if not names:
                 raise ValueError(f"from_folder: {where!r} has no class sub-folders")
@@ -196,12 +197,26 @@ class FileDataset:
         classes = sorted(listed)
         paths: list[str] = []
         labels: list[int] = []
+        empty: list[str] = []
         for label, name in enumerate(classes):
             found = [p for p in listed[name] if exts is None or os.path.splitext(p)[1].lower() in exts]
             paths.extend(found)
             labels.extend([label] * len(found))
+            if not found:
+                empty.append(name)
         if not paths:
             raise ValueError(f"from_folder: no files with extensions {sorted(exts or [])} under {where!r}")
+        if empty:
+            # As torchvision's ImageFolder: a class with no file is most often a copy cut
+            # short or the wrong extensions, and its label would silently never occur.
+            folders = ", ".join(repr(_join(where, name)) for name in empty[:5]) + (
+                ", ..." if len(empty) > 5 else ""
+            )
+            kind = "files" if exts is None else f"files with extensions {sorted(exts)}"
+            raise ValueError(
+                f"from_folder: {len(empty)} class folder(s) under {where!r} hold no {kind}: {folders}; "
+                "remove them or put files in them (extensions= chooses which files count)"
+            )
         return cls(paths, labels, classes=classes)
 
     @classmethod
@@ -221,7 +236,7 @@ class FileDataset:
         byte range ``(path, offset, length)`` of its file or object (see :meth:`span`)."""
         csv_path = Path(path)
         if not csv_path.is_file():
-            raise FileNotFoundError(f"from_csv: CSV file {os.fspath(csv_path)!r} does not exist")
+            raise FileNotFoundError(f"from_csv: CSV file {_not_there(Path(csv_path))}")
         where = f"from_csv({os.fspath(csv_path)!r})"
         base = os.fspath(root if root is not None else csv_path.parent)
         builder = PathTableBuilder()
@@ -297,6 +312,23 @@ class FileDataset:
         values = [int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v for v in raw]
         labels, classes = labels_to_indices(values, where)
         return cls(paths, labels, root=root, classes=classes)
+
+
+def _not_there(path: Path) -> str:
+    """``'trian' does not exist (...)``: the path as given, and where it was looked for; a
+    relative path resolves against the working directory, which is not the script's folder
+    (``python ../x/train.py``)."""
+    given = os.fspath(path)
+    what = "is not a folder" if path.exists() else "does not exist"
+    if path.is_absolute():
+        return f"{given!r} {what}"
+    where = f"looked for at {os.path.abspath(given)!r}; the working directory is {os.getcwd()!r}"
+    return f"{given!r} {what} ({where})"
+
+
+def _join(root: str, name: str) -> str:
+    """A class folder's path or URL prefix under ``root``."""
+    return root.rstrip("/") + "/" + name if is_remote(root) else os.path.join(root, name)
 
 
 def _walk(folder: Path) -> list[str]:

@@ -8,17 +8,22 @@ One hierarchy; catch :class:`LoaderError` to catch everything the loader itself 
     │   ├── ReadError            reading the file failed (missing, permission, empty, I/O)
     │   ├── DecodeError          decode raised in a worker, or killed its worker twice
     │   └── LoaderTimeoutError   a read or decode outlived sample_timeout
+    ├── CollateError             collate raised on a batch (.batch, .paths)
     └── WorkerCrashedError       decode workers could not start, or crashed past max_worker_restarts
 
 Bad constructor arguments are plain ``ValueError``/``TypeError`` whose message shows the
 value (``batch_size=0 must be a positive integer``). A :class:`SampleError` chains the
-original exception (``__cause__``); a :class:`DecodeError` also carries the worker's
-traceback text in ``.worker_traceback`` and in its message.
+original exception (``__cause__``); its first line (``.summary``) says what happened and
+names the sample, and is what a skipped sample's WARNING shows. A :class:`DecodeError` also
+carries the worker's traceback text in ``.worker_traceback``, shown once in its message
+after that line; one that reaches the trainer under ``on_error="raise"`` ends with a line
+saying that ``on_error="skip"`` exists (``.hint``).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CollateError",
     "DecodeError",
     "LoaderClosedError",
     "LoaderError",
@@ -44,10 +49,27 @@ class SampleError(LoaderError):
     after raising it: the next iteration starts cleanly.
     """
 
+    #: A line for whoever reads the error, after its message (what to do about it); set
+    #: when the loader raises it to the trainer.
+    hint: str = ""
+
     def __init__(self, message: str, *, path: str, index: int) -> None:
         super().__init__(f"{message} (sample {index}: {path!r})")
         self.path = path
         self.index = index
+
+    @property
+    def summary(self) -> str:
+        """What happened and to which sample, without tracebacks or hints (one line when
+        the cause's message is)."""
+        return str(self.args[0])
+
+    def _details(self) -> str:
+        return ""
+
+    def __str__(self) -> str:
+        hint = f"\n{self.hint}" if self.hint else ""
+        return f"{self.summary}{self._details()}{hint}"
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only arguments do not survive the default pickling of exceptions.
@@ -72,15 +94,40 @@ class DecodeError(SampleError):
     twice (a poison sample); with ``ImageDecoder(device=...)``, also a JPEG that neither the
     device nor Pillow could decode.
 
-    ``worker_traceback`` is the formatted traceback from the worker; the original
-    exception (same type and message) is the ``__cause__``.
+    ``worker_traceback`` is the formatted traceback from the worker (``where``: the kind of
+    process it ran in); the original exception (same type and message) is the ``__cause__``.
     """
 
     worker_traceback: str = ""
+    where: str = "worker"
+
+    def _details(self) -> str:
+        if not self.worker_traceback:
+            return ""
+        return f"\n--- {self.where} traceback ---\n{self.worker_traceback.rstrip()}"
 
 
 class LoaderTimeoutError(SampleError):
     """Reading or decoding one sample took longer than ``sample_timeout`` seconds."""
+
+
+class CollateError(LoaderError):
+    """``collate`` (yours, or the default) raised on batch ``batch``; its exception is the
+    ``__cause__``. ``paths`` are the files the message names: for samples of different
+    shapes, those of each shape (the odd ones out first); otherwise empty."""
+
+    def __init__(self, message: str, *, batch: int, paths: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.batch = batch
+        self.paths = paths
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only arguments do not survive the default pickling of exceptions.
+        return (_rebuild_collate_error, (self.args[0], self.batch, self.paths), self.__dict__)
+
+
+def _rebuild_collate_error(message: str, batch: int, paths: tuple[str, ...]) -> CollateError:
+    return CollateError(message, batch=batch, paths=paths)
 
 
 class WorkerCrashedError(LoaderError):

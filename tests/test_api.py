@@ -15,6 +15,7 @@ from helpers import decode_number, script_env
 
 import aioloader
 from aioloader import (
+    CollateError,
     DecodeError,
     LoaderClosedError,
     LoaderError,
@@ -29,6 +30,7 @@ EXPECTED_ALL = {
     "Bottleneck",
     "Cache",
     "CacheStats",
+    "CollateError",
     "DecodeError",
     "FileDataset",
     "ImageDecoder",
@@ -111,6 +113,7 @@ HIERARCHY = {
     ReadError: SampleError,
     DecodeError: SampleError,
     LoaderTimeoutError: SampleError,
+    CollateError: LoaderError,
     WorkerCrashedError: LoaderError,
 }
 
@@ -174,6 +177,27 @@ def test_decode_error_pickle_keeps_worker_traceback() -> None:
     assert DecodeError("x", path="p", index=0).worker_traceback == ""  # default when unset
 
 
+def test_a_raised_sample_error_ends_with_the_skip_hint_and_its_summary_is_one_line() -> None:
+    err = DecodeError("decode failed: ValueError: bad", path="a.jpg", index=1)
+    err.worker_traceback = "Traceback (most recent call last):\n  ValueError: bad\n"
+    err.hint = "pass on_error"
+    copy = pickle.loads(pickle.dumps(err))
+    assert copy.summary == "decode failed: ValueError: bad (sample 1: 'a.jpg')"
+    assert str(copy).splitlines() == [
+        copy.summary,
+        "--- worker traceback ---",
+        "Traceback (most recent call last):",
+        "  ValueError: bad",
+        "pass on_error",
+    ]
+
+
+def test_a_collate_error_pickles_with_its_batch_and_files() -> None:
+    err = CollateError("collate failed for batch 2: ...", batch=2, paths=("a.png", "b.jpg"))
+    copy = pickle.loads(pickle.dumps(err))
+    assert (type(copy), str(copy), copy.batch, copy.paths) == (CollateError, str(err), 2, ("a.png", "b.jpg"))
+
+
 def test_other_errors_pickle_round_trip() -> None:
     for cls in (LoaderError, LoaderClosedError, WorkerCrashedError):
         err = cls("something happened")
@@ -198,5 +222,6 @@ def test_a_missing_file_is_a_read_error_caught_as_sample_and_loader_error(
     err = info.value
     assert type(err) is ReadError
     assert (err.path, err.index) == (missing, 3)
-    assert str(err).endswith(f"(sample 3: {missing!r})")
+    assert err.summary.endswith(f"(sample 3: {missing!r})") and str(err).startswith(err.summary)
+    assert 'pass on_error="skip" to the Loader' in str(err).splitlines()[-1]
     assert isinstance(err.__cause__, FileNotFoundError)

@@ -6,7 +6,9 @@ served from it); the pure track layout of the trace."""
 from __future__ import annotations
 
 import json
+import logging
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -165,6 +167,37 @@ def test_bench_names_a_file_that_does_not_decode(
     err = capsys.readouterr().err
     assert "aioloader bench: loading failed: " in err and "f000" in err
     assert "cannot identify image file (" in err and " object at 0x" not in err
+    assert err.count("--- worker traceback ---") == 1
+    assert "pass --on-error skip" in err.strip().splitlines()[-1]
+
+
+def test_bench_on_error_skip_gets_past_a_bad_file(
+    image_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="aioloader")
+    root = tmp_path / "train"
+    shutil.copytree(image_folder, root)
+    bad = root / sorted(p.name for p in root.iterdir() if p.is_dir())[0] / "broken.jpg"
+    bad.write_bytes(b"not a jpeg")
+    argv = [
+        "bench",
+        str(root),
+        "--decode",
+        "image:32",
+        "--seconds",
+        "1",
+        "--workers",
+        "1",
+        "--batch-size",
+        "8",
+    ]
+    assert main([*argv, "--on-error", "skip", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["on_error"] == "skip" and report["failures"]["DecodeError"] >= 1
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped ")]
+    assert len(warned) == 1 and repr(str(bad)) in warned[0] and "\n" not in warned[0]
+    assert main([*argv, "--on-error", "skip"]) == 0  # the text report says what was skipped
+    assert "skipped (--on-error skip): " in capsys.readouterr().out
 
 
 def test_bench_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:

@@ -206,14 +206,24 @@ def test_from_folder_order_is_stable(tmp_path: Path) -> None:
     assert [os.path.basename(p) for p in a.paths] == names
 
 
-def test_from_folder_empty_class_keeps_its_index(tmp_path: Path) -> None:
+def test_from_folder_an_empty_class_folder_is_an_error_naming_it(tmp_path: Path) -> None:
+    """As torchvision's ImageFolder: a class no file is in (here one of .txt files only)
+    would be a label that never occurs."""
     (tmp_path / "b_empty").mkdir()
     _touch(tmp_path / "a" / "1.jpg")
     _touch(tmp_path / "c" / "2.jpg")
-    ds = FileDataset.from_folder(tmp_path)
-    assert ds.classes == ["a", "b_empty", "c"]
-    assert ds.labels is not None
-    assert ds.labels.tolist() == [0, 2]
+    _touch(tmp_path / "d_notes" / "notes.txt")
+    with pytest.raises(
+        ValueError, match=r"2 class folder\(s\) under .* hold no files with extensions"
+    ) as info:
+        FileDataset.from_folder(tmp_path)
+    named = [os.fspath(tmp_path / "b_empty"), os.fspath(tmp_path / "d_notes")]
+    assert all(repr(folder) in str(info.value) for folder in named)
+    assert repr(os.fspath(tmp_path / "a")) not in str(info.value)
+    # extensions=None counts every file: only the folder with none is named.
+    with pytest.raises(ValueError, match=r"1 class folder\(s\) .* hold no files: ") as info:
+        FileDataset.from_folder(tmp_path, extensions=None)
+    assert repr(named[0]) in str(info.value) and repr(named[1]) not in str(info.value)
 
 
 def test_from_folder_missing_root(tmp_path: Path) -> None:
@@ -221,8 +231,24 @@ def test_from_folder_missing_root(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=re.escape(repr(os.fspath(missing)))):
         FileDataset.from_folder(missing)
     f = _touch(tmp_path / "file.jpg")  # a file is not a root folder either
-    with pytest.raises(FileNotFoundError, match=r"file\.jpg"):
+    with pytest.raises(FileNotFoundError, match=r"file\.jpg' is not a folder"):
         FileDataset.from_folder(f)
+
+
+def test_a_relative_root_that_is_missing_names_where_it_was_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python ../x/train.py``: a relative path resolves against the working directory,
+    not the script's folder; the error says both."""
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "train")
+    with pytest.raises(FileNotFoundError) as info:
+        FileDataset.from_folder("trian")
+    cwd = os.fspath(tmp_path / "train")
+    assert str(info.value) == (
+        f"from_folder: root folder 'trian' does not exist (looked for at "
+        f"{os.path.join(cwd, 'trian')!r}; the working directory is {cwd!r})"
+    )
 
 
 def test_from_folder_no_class_folders(tmp_path: Path) -> None:

@@ -209,12 +209,20 @@ def test_resume_mid_epoch(mixed: Path) -> None:
     same(resumed, rest)
 
 
-def test_arguments_are_checked_early(mixed: Path) -> None:
+def test_arguments_are_checked_early(mixed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="device='tpu'"):
         aioloader.ImageDecoder(32, device="tpu")
     ds = FileDataset.from_folder(mixed)
+    # Whether this machine has a GPU or not, each case is made by what torch answers.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="loader's is 'cpu'"):
         Loader(ds, decode=aioloader.ImageDecoder(32, device="cuda"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(
+        ValueError, match=r"on a CUDA GPU, but this machine has none \(torch.cuda.is_available\(\)"
+    ):
+        Loader(ds, decode=aioloader.ImageDecoder(32, device="cuda"))
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="default collate"):
         Loader(ds, decode=decoder("cpu"), collate=lambda s: s)
     cuda = torch.device("cuda", 0)

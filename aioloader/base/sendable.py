@@ -20,6 +20,12 @@ A process on another machine (``decode_on="ray"``) has the installed packages, b
 user's own modules beside the training script (``from myaugment import crop``): with
 ``elsewhere=True`` those go by value too (:func:`user_modules`: every loaded module whose
 file is outside the interpreter's installation and its site-packages).
+
+A function sent by value keeps the file its code came from (:class:`_Pickler`): cloudpickle
+3 writes ``"<dynamic-code>"`` there (for payloads that do not depend on where code was
+defined), so a traceback from a user's ``decode`` in a worker said ``File "<dynamic-code>"``
+and no source line. With the real path, the worker's ``linecache`` reads the line from the
+script, as it would in the trainer.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import pickle
 import site
 import sys
 import sysconfig
-from types import ModuleType
+from io import BytesIO
+from types import CodeType, ModuleType
 from typing import Any
 
 import cloudpickle
@@ -58,6 +65,29 @@ def user_modules() -> list[ModuleType]:
     return found
 
 
+# cloudpickle's reducer for code objects, whose arguments to CodeType we correct.
+_reduce_code = cloudpickle.Pickler.dispatch_table[CodeType]
+_PLACEHOLDER = "<dynamic-code>"
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle's pickler, with each code object's own ``co_filename`` kept."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is CodeType:
+            make, args = _reduce_code(obj)
+            # co_filename is the only str argument that can equal the placeholder (the
+            # others are identifiers, bytes and tuples).
+            return make, tuple(obj.co_filename if a == _PLACEHOLDER else a for a in args)
+        return super().reducer_override(obj)
+
+
+def _pickle(value: Any) -> bytes:
+    out = BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return out.getvalue()
+
+
 def dumps(value: Any, argument: str, runs_in: str, elsewhere: bool = False) -> bytes:
     """``value`` pickled by value where it must be (see the module), for the argument named
     ``argument`` that runs in ``runs_in``; ``ValueError`` naming both when it cannot be.
@@ -71,8 +101,7 @@ def dumps(value: Any, argument: str, runs_in: str, elsewhere: bool = False) -> b
                     registered.append(module)
                 except ValueError:  # not in sys.modules under its name any more
                     pass
-        blob: bytes = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        return blob
+        return _pickle(value)
     except Exception as exc:
         raise ValueError(
             f"{argument}={value!r} cannot be sent to {runs_in}: {type(exc).__name__}: {exc}. "

@@ -53,6 +53,8 @@ class BenchResult:
     trace: str | None = None
     tune: dict[str, Any] | None = None
     cluster: dict[str, Any] | None = None
+    #: Samples left out under ``--on-error skip``, by error class.
+    failures: dict[str, int] | None = None
 
 
 def add_parser(sub: Any) -> None:
@@ -95,6 +97,13 @@ def add_parser(sub: Any) -> None:
         default="local",
         help="where the decode runs: local worker processes, or Ray tasks on the cluster "
         "ray.init(address='auto') finds, else on a local one bench starts (default: %(default)s)",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=["raise", "skip"],
+        default="raise",
+        help="a file that cannot be read or decoded: stop (raise), or leave it out, with one WARNING "
+        "line per file, and count it (skip) (default: %(default)s)",
     )
     p.add_argument("--seconds", type=float, default=15.0, help="how long to load (default: %(default)s)")
     p.add_argument(
@@ -253,6 +262,7 @@ def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResul
         storage_options=options,
         loader_process=where,
         decode_on="local" if cluster is None else "ray",
+        on_error=args.on_error,
     )
     config = loader.config
     tracer = Tracer() if args.trace else None
@@ -291,9 +301,11 @@ def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResul
             "runtime": loader.runtime,
             "loader_process": args.loader_process,
             "decode_on": "local" if cluster is None else "ray",
+            "on_error": args.on_error,
             "seconds": args.seconds,
         },
         cluster=None if cluster is None else _cluster_dict(stats.cluster, cluster),
+        failures=dict(stats.failures_by_reason),
     )
     if tracer is not None:
         tracer.write(args.trace)
@@ -313,6 +325,7 @@ def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResul
                 io_concurrency=io,
                 storage_options=options,
                 loader_process=where,
+                on_error=args.on_error,
             )
 
         result.tune = tune(make, usable_cpus(), args.tune_seconds, rounds=args.tune_rounds)
@@ -352,6 +365,11 @@ def format_report(r: BenchResult) -> str:
         f"  bottleneck: {r.bottleneck['stage']}: {r.bottleneck['advice']}",
         f"  this rate feeds a train step of {r.min_step_ms:.1f} ms per batch or longer without waiting",
     ]
+    if r.failures:
+        lines.append(
+            f"  skipped (--on-error skip): {sum(r.failures.values())} samples over the run "
+            f"(a bad file again each epoch), {r.failures}"
+        )
     if r.cluster is not None:
         c = r.cluster
         lines.append(f"  decode on ray: {c['how']}")
@@ -377,7 +395,7 @@ def format_report(r: BenchResult) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from aioloader.errors import LoaderError
+    from aioloader.errors import LoaderError, SampleError
 
     try:
         if any(getattr(args, k, None) is not None for k in ("cache", "max_side", "cache_max_bytes")):
@@ -393,6 +411,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"aioloader bench: {exc}", file=sys.stderr)
         return 2
     except LoaderError as exc:  # a file that cannot be read or decoded, named with its cause
+        if isinstance(exc, SampleError):  # the way past it, in this command's words
+            exc.hint = "To leave files that fail out (one WARNING line each, counted), pass --on-error skip."
         print(f"aioloader bench: loading failed: {exc}", file=sys.stderr)
         return 1
     print(text)

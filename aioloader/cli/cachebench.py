@@ -160,6 +160,7 @@ def run_cache_bench(args: argparse.Namespace, cache: Cache, dataset: Any, decode
         io_concurrency=args.io_concurrency,
         storage_options=options,
         loader_process=args.loader_process,
+        on_error=getattr(args, "on_error", "raise"),
         cache=cache,
         progress="always",  # the bar shows the cache's hit share and the bytes it holds
     )

@@ -229,11 +229,8 @@ def decode_error(res: Failed, path: str, index: int, where: str = "worker") -> D
     cause, the traceback of the ``where`` it ran in (a worker, a Ray worker) in its message
     and in ``worker_traceback``."""
     cause = res.error
-    err = DecodeError(
-        f"decode failed: {type(cause).__name__}: {cause}\n--- {where} traceback ---\n{res.traceback}",
-        path=path,
-        index=index,
-    )
+    err = DecodeError(f"decode failed: {type(cause).__name__}: {cause}", path=path, index=index)
     err.worker_traceback = res.traceback
+    err.where = where
     err.__cause__ = cause
     return err

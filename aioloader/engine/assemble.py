@@ -35,8 +35,8 @@ import torch
 
 from aioloader.base.items import Batch
 from aioloader.base.tree import unflatten
-from aioloader.collate import collate_leaves, default_collate, plain_batch
-from aioloader.errors import LoaderError
+from aioloader.collate import ShapeMismatch, collate_leaves, default_collate, files_by_shape, plain_batch
+from aioloader.errors import CollateError
 from aioloader.memory.layout import ArraySpec
 from aioloader.memory.results import ArrayRef, Deferred, InArea, Pickled, RowResult, Written
 from aioloader.memory.slabs import Slab, SlabPool
@@ -67,6 +67,7 @@ class Assembler:
         zero_copy: bool,
         collate_pool: Executor,
         meter: StageMeter | None = None,
+        path_of: Callable[[int], str] | None = None,
     ) -> None:
         self._meter = meter if meter is not None else StageMeter("collate")
         self._labels = labels
@@ -75,6 +76,7 @@ class Assembler:
         self._collate = collate or default_collate
         self._zero_copy = zero_copy
         self._pool = collate_pool
+        self._path_of = path_of  # a dataset index's file, for collate errors
 
     async def assemble(
         self, k: int, indices: list[int], results: list[RowResult | None], slab: Slab | None
@@ -119,8 +121,17 @@ class Assembler:
         try:
             value = await loop.run_in_executor(self._pool, self._metered, samples)
         except Exception as exc:
-            raise LoaderError(f"collate failed for batch {k}: {type(exc).__name__}: {exc}") from exc
+            raise self._collate_error(k, [indices[r] for r in kept], exc) from exc
         return Batch(index=k, value=value, size=len(samples)), slab
+
+    def _collate_error(self, k: int, indices: list[int], exc: Exception) -> CollateError:
+        """The error of batch ``k`` (of samples ``indices``) that ``collate`` raised ``exc``
+        on; samples of different shapes name the files of each."""
+        message = f"collate failed for batch {k}: {type(exc).__name__}: {exc}"
+        if isinstance(exc, ShapeMismatch) and self._path_of is not None and len(exc.shapes) == len(indices):
+            which, paths = files_by_shape(exc.shapes, [self._path_of(i) for i in indices])
+            return CollateError(f"{message}; the samples by shape: {which}", batch=k, paths=paths)
+        return CollateError(message, batch=k)
 
     def _metered(self, samples: list[Any]) -> Any:
         """``collate`` on the collate thread, timed there (not its wait for the thread)."""

@@ -81,7 +81,13 @@ class Engine:
         #: The decode stage (chosen where the loader is built); None with ``decode=None``.
         self._stage = stage
         self._assembler = Assembler(
-            dataset.labels, slabs, config.collate, config.zero_copy, collate_pool, counters.meters["collate"]
+            dataset.labels,
+            slabs,
+            config.collate,
+            config.zero_copy,
+            collate_pool,
+            counters.meters["collate"],
+            path_of=dataset.path,
         )
         self._layout = LayoutTracker(declared_layout(config.decode))
         self._trim = heap.BurstTrim()

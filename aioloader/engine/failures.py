@@ -3,8 +3,10 @@
 device decode's failures, when a loader process runs the pipeline: :mod:`aioloader.run.devdecode`).
 
 Under ``on_error="raise"`` a :class:`~aioloader.SampleError` goes to the trainer in its
-batch's place. Under ``"skip"`` the sample is left out, counted in ``loader.stats``, and
-logged once per file per loader on the ``aioloader`` logger at WARNING. ``max_failures``
+batch's place, its last line (:data:`SKIP_HINT`) saying that ``"skip"`` exists. Under
+``"skip"`` the sample is left out, counted in ``loader.stats``, and logged once per file per
+loader on the ``aioloader`` logger: one WARNING line (the path and the cause), and a worker's
+traceback, if any, at DEBUG. ``max_failures``
 gives up with a :class:`~aioloader.LoaderError`:
 
 - an int ``n``: at the failure after ``n``;
@@ -28,6 +30,7 @@ from aioloader.observe.stats import Counters
 
 __all__ = [
     "MIN_ATTEMPTED",
+    "SKIP_HINT",
     "FailurePolicy",
     "give_up_message",
     "judged_at_epoch_end",
@@ -39,6 +42,14 @@ logger = logging.getLogger("aioloader")
 
 #: Samples attempted before a fractional ``max_failures`` is judged.
 MIN_ATTEMPTED = 100
+
+#: The last line of a sample's error that reaches the trainer: most first runs meet a few
+#: broken files, and the way past them is not in the traceback otherwise.
+SKIP_HINT = (
+    'To leave samples that fail out of their batches instead, pass on_error="skip" to the Loader '
+    "(each file is logged once as a WARNING and counted in loader.stats; "
+    "max_failures sets how many to accept)."
+)
 
 
 def over_limit(limit: int | float | None, failures: int, attempted: int) -> bool:
@@ -67,7 +78,7 @@ def give_up_message(limit: int | float, failures: int, attempted: int, last: Sam
     """The :class:`LoaderError`'s message (pure); ``last``: the latest failure this loader saw,
     if any (counts restored by ``load_state_dict`` come without one)."""
     text = f"too many failed samples: {failures} of {attempted} attempted (max_failures={limit!r})"
-    return f"{text}; last: {last}" if last is not None else text
+    return f"{text}; last: {last.summary}" if last is not None else text
 
 
 class FailurePolicy:
@@ -103,6 +114,7 @@ class FailurePolicy:
         """Raise ``err`` (``"raise"``), or count it and return (``"skip"``); raise a
         :class:`LoaderError` when this failure is one too many."""
         if self.on_error == "raise":
+            err.hint = SKIP_HINT
             raise err
         # A skipped error lives on in log handlers: its traceback's frames would keep the
         # batch's slab (and whatever else they hold) alive with it.
@@ -110,7 +122,11 @@ class FailurePolicy:
         self._counters.failed(type(err).__name__, err.path)
         if err.path not in self._warned:
             self._warned.add(err.path)
-            logger.warning("skipped %s", err)
+            logger.warning("skipped %s", err.summary)
+            # The traceback helps debug a decode, but one per bad file would bury the log.
+            details = str(err)[len(err.summary) :].strip()
+            if details:
+                logger.debug("skipped %s: %s", err.path, details)
         self._last = err
         self._judge(*self._counters.failure_counts())
 

@@ -279,11 +279,23 @@ def _picklable(exc: BaseException) -> BaseException:
         return LoaderError(f"{type(exc).__name__}: {exc}")
 
 
+def _frames_here(exc: BaseException) -> str:
+    """``exc``'s traceback in this process without its own message, which the trainer prints
+    anyway (a DecodeError's holds the worker's traceback: printing it again doubled it); its
+    causes' tracebacks too where one was raised here (a user's ``read``)."""
+    cause = exc.__cause__
+    te = traceback.TracebackException.from_exception(exc)
+    lines = list(te.format(chain=cause is not None and cause.__traceback__ is not None))
+    own = len(list(te.format_exception_only()))
+    return "".join(lines[:-own]).rstrip()
+
+
 def pack_error(exc: BaseException) -> bytes:
     """``exc`` and its chain of causes, pickled (pickling an exception drops its
     ``__cause__``, so the chain is a list); the loader process's traceback becomes a note
-    on ``exc``. By value where it must be (cloudpickle): an exception class the user
-    defined in ``__main__`` or a notebook reaches the trainer as that same class."""
+    on ``exc``, unless it carries a worker's traceback. By value where it must be
+    (cloudpickle): an exception class the user defined in ``__main__`` or a notebook reaches
+    the trainer as that same class."""
     chain: list[BaseException] = []
     seen: set[int] = set()
     at: BaseException | None = exc
@@ -291,9 +303,10 @@ def pack_error(exc: BaseException) -> bytes:
         seen.add(id(at))
         chain.append(_picklable(at))
         at = at.__cause__
-    where = "".join(traceback.format_exception(exc)).rstrip()
-    if hasattr(chain[0], "add_note"):
-        chain[0].add_note(f"--- in the loader process ---\n{where}")
+    # A worker's DecodeError already shows where it failed; the loader process only relayed it.
+    relayed = bool(getattr(exc, "worker_traceback", ""))
+    if hasattr(chain[0], "add_note") and not relayed:
+        chain[0].add_note(f"--- in the loader process ---\n{_frames_here(exc)}")
     blob: bytes = cloudpickle.dumps(chain)
     return blob
 
