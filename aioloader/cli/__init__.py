@@ -7,6 +7,7 @@
 | ``demo.py`` | ``aioloader demo``: the same training loop fed two ways |
 | ``narrate.py`` | the demo's lines on any output: flushed; progress lines where no bar is drawn |
 | ``bench.py`` | ``aioloader bench``: your data through the loader, and the verdict |
+| ``benchreport.py`` | pure: what ``bench`` measured (its ``--json``) and the verdict it prints |
 | ``cachebench.py`` | ``aioloader bench --cache``: epoch 1 filling a cache beside epoch 2 served from it |
 | ``measure.py`` | a loader (or DataLoader) iterated for a time |
 | ``tune.py`` | ``aioloader bench --tune``: the sweep of fixed settings beside ``"auto"`` |
