@@ -642,6 +642,37 @@ def finish_script(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[str
             kill_session(proc)
 
 
+def run_session(
+    cmd: list[str], env: Mapping[str, str] | None = None, timeout: float = 100.0
+) -> tuple[str, str]:
+    """Run ``cmd`` in a session of its own to its end (a script under ``unshare -m``, say);
+    ``(stdout, stderr)``, asserting it exited 0 with no traceback. What is left of the
+    session is killed however it ends."""
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            kill_session(proc)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    return out, err
+
+
+#: A notebook test's driver script's lines (``os``, ``sys`` and ``json`` imported): register
+#: a kernel spec that runs this interpreter under ``jupyter`` (the driver's variable, a folder)
+#: and point Jupyter there, so the kernel is the Python under test. Not for ``.format``.
+KERNEL_SPEC = """
+spec = os.path.join(jupyter, "kernels", "aioloader-test")
+os.makedirs(spec)
+with open(os.path.join(spec, "kernel.json"), "w") as f:
+    json.dump({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+               "display_name": "aioloader test", "language": "python"}, f)
+os.environ["JUPYTER_PATH"] = jupyter
+"""
+
+
 def kill_session(proc: subprocess.Popen[str]) -> None:
     """Kill what is left of a script's session and collect its output. The whole process
     group: an orphaned fork server or worker keeps the script's stdout and stderr open, and

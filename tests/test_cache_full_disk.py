@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import kill_session, script_env
+from helpers import run_session, script_env
 
 FILES = 48
 #: Bytes of each file: about 15 of them fill the tmpfs.
@@ -101,16 +101,7 @@ def test_a_full_disk_logs_one_warning_and_counts_write_errors_not_over_bound(tmp
     # Both tmpfs mounted, then the interpreter under test runs the script.
     shell = " && ".join(f'{TMPFS} "${i}"' for i in (1, 2)) + ' && exec "$0" "$3" "$4" "$1" "$2"'
     cmd = ["unshare", "-m", "sh", "-c", shell, sys.executable, *map(str, mounts), str(script), str(data)]
-    pipe = subprocess.PIPE
-    env = script_env()
-    proc = subprocess.Popen(cmd, env=env, stdout=pipe, stderr=pipe, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=100)
-    finally:
-        if proc.poll() is None:
-            kill_session(proc)
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err, err
+    out, _ = run_session(cmd, script_env())
     print(out)  # shown when the test fails
     runs = [json.loads(line) for line in out.splitlines()]
     assert [r["runtime"] for r in runs] == ["thread", "process"], out

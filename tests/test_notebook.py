@@ -14,21 +14,19 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import finish_script, start_script
+from helpers import KERNEL_SPEC, finish_script, start_script
 
 pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-DRIVER = """
+DRIVER = (
+    """
 import json, os, sys
 
 folder, runtime, jupyter = sys.argv[1:4]
-spec = os.path.join(jupyter, "kernels", "aioloader-test")
-os.makedirs(spec)
-with open(os.path.join(spec, "kernel.json"), "w") as f:
-    json.dump({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-               "display_name": "aioloader test", "language": "python"}, f)
-os.environ["JUPYTER_PATH"] = jupyter
+"""
+    + KERNEL_SPEC
+    + """
 
 import nbformat
 from nbclient import NotebookClient
@@ -63,6 +61,7 @@ for cell in nb.cells:
         if out.get("name") == "stdout":
             sys.stdout.write(out["text"])
 """
+)
 
 
 @pytest.mark.parametrize("runtime", ["thread", "process"])

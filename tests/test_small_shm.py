@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import kill_session, script_env
+from helpers import run_session, script_env
 
 from aioloader.memory.segments import ENV
 
@@ -112,16 +112,7 @@ def _run(tmp_path: Path, folder: Path, env: dict[str, str]) -> list[str]:
     script.write_text(SCRIPT)
     shell = f'{MOUNT} && exec "$0" "$@"'  # then the interpreter under test runs the script
     cmd = ["unshare", "-m", "sh", "-c", shell, sys.executable, str(script), str(folder)]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=100)
-    finally:
-        if proc.poll() is None:
-            kill_session(proc)
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err, err
+    out, _ = run_session(cmd, env)
     print(out)  # shown when a test fails
     lines = out.splitlines()
     assert lines[0] == f"shm {8 * 2**20}", out  # really the small tmpfs

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import finish_script, process_name, session_survivors, start_script
+from helpers import KERNEL_SPEC, finish_script, process_name, session_survivors, start_script
 
 from aioloader.procs import cleanstart, forksafe, zygote
 
@@ -240,16 +240,14 @@ def test_the_zygote_forks_only_past_threads_safe_to_fork_past(
     assert session_survivors(proc.pid) == []
 
 
-NOTEBOOK = """
+NOTEBOOK = (
+    """
 import json, os, sys
 
 folder, jupyter = sys.argv[1:3]
-spec = os.path.join(jupyter, "kernels", "aioloader-test")
-os.makedirs(spec)
-with open(os.path.join(spec, "kernel.json"), "w") as f:
-    json.dump({"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-               "display_name": "aioloader test", "language": "python"}, f)
-os.environ["JUPYTER_PATH"] = jupyter
+"""
+    + KERNEL_SPEC
+    + """
 
 import nbformat
 from nbclient import NotebookClient
@@ -273,6 +271,7 @@ for out in nb.cells[-1].get("outputs", []):
     if out.get("name") == "stdout":
         sys.stdout.write(out["text"])
 """
+)
 
 
 @pytest.mark.timeout(200)
