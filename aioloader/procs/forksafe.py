@@ -31,7 +31,6 @@ more before the first batch). The kinds, and why each is safe to fork past:
   threads** (``pt_autograd_...``): the copy never touches CUDA or a device's autograd, and
   PyTorch's own fork handler makes any use of them there an error ("Cannot re-initialize
   CUDA in forked subprocess"), not a hang.
-
 - **A Jupyter kernel's threads**: ipykernel's and IPython's Python threads (its heartbeat,
   I/O, control, shell-channel and parent-poller threads, found by their class's or target's
   module) and libzmq's I/O and reaper threads (named ``ZMQbg/...``). The copy never uses
@@ -126,7 +125,10 @@ def census() -> Census:
     python, kernel = threading.active_count(), _kernel_threads()
     pools = _native_pools(stop_openblas=python == 1 + kernel)
     openmp = sum(max(0, n - 1) for api, n in pools if api == "openmp")
-    return Census(_os_threads(), python, kernel, openmp, _torch_pool(), _named_threads(), cuda_initialized())
+    names = _task_names()
+    os_threads = None if names is None else len(names)
+    named = 0 if names is None else sum(n.startswith(_NAMED_THREADS) for n in names)
+    return Census(os_threads, python, kernel, openmp, _torch_pool(), named, cuda_initialized())
 
 
 def after_fork(c: Census) -> None:
@@ -199,11 +201,21 @@ def _torch_pool() -> int:
         return 0
 
 
-def _os_threads() -> int | None:
+def _task_names() -> list[str] | None:
+    """The names of this process's OS threads (``/proc/self/task/*/comm``; one gone while
+    read is left out), None where ``/proc`` cannot say."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        tids = os.listdir("/proc/self/task")
     except OSError:
         return None
+    names = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            continue
+    return names
 
 
 def _kernel_threads() -> int:
@@ -212,20 +224,4 @@ def _kernel_threads() -> int:
         target = getattr(t, "_target", None)
         modules = (type(t).__module__, getattr(target, "__module__", None) or "")
         count += any(m.split(".")[0] in _KERNEL_PACKAGES for m in modules)
-    return count
-
-
-def _named_threads() -> int:
-    count = 0
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return 0
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        count += name.startswith(_NAMED_THREADS)
     return count
