@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -16,22 +16,25 @@ import torch
 
 from aioloader.base.threads import in_thread
 from aioloader.cache.settings import Cache
-from aioloader.config import DecodeOn, LoaderConfig, LoaderProcess, OnError
+from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset, StrPath
-from aioloader.decode.image import ImageDecoder
+from aioloader.decode.settings import DecodeOn, Decoding
+from aioloader.engine.settings import Delivery, Failures, LoaderProcess, OnError, Progress
 from aioloader.errors import LoaderClosedError
 from aioloader.observe.progressbar import make_bar
-from aioloader.observe.stats import Counters, LoaderStats
+from aioloader.observe.stats import LoaderStats
 from aioloader.plan.epochs import Epochs
 from aioloader.plan.resume import check_state, make_state
 from aioloader.plan.sampler import num_batches, shard_size
+from aioloader.plan.settings import Sampling
 from aioloader.procs import zygote
 from aioloader.read.backends import StorageBackend
+from aioloader.read.settings import Reading
 from aioloader.read.urls import is_remote
 from aioloader.run.cursor import CLOSED_MESSAGE, AsyncIter, Cursor, SyncIter
 from aioloader.run.procruntime import ProcessRuntime
 from aioloader.run.runtime import Runtime
-from aioloader.run.start import settled, start_runtime
+from aioloader.run.start import settle_device, start_runtime
 from aioloader.safety import sigterm
 
 __all__ = ["CLOSED_MESSAGE", "Loader", "State"]
@@ -43,16 +46,6 @@ class State(enum.Enum):
     IDLE = "idle"
     STARTED = "started"
     CLOSED = "closed"
-
-
-class _DefaultDecode:
-    """The default ``decode``: an ``ImageDecoder(224)``, as its repr shows (help, API pages)."""
-
-    def __repr__(self) -> str:
-        return "ImageDecoder(224)"
-
-
-_DEFAULT_DECODE: Any = _DefaultDecode()
 
 
 class Loader:
@@ -174,84 +167,59 @@ class Loader:
         self,
         dataset: FileDataset | Sequence[StrPath],
         *,
-        batch_size: int = 256,
-        decode: Callable[[bytes], Any] | None = _DEFAULT_DECODE,
-        collate: Callable[[list[Any]], Any] | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        num_workers: int | Literal["auto"] | None = None,
-        io_concurrency: int | Literal["auto"] = "auto",
-        prefetch: int = 2,
-        ordered: bool = True,
-        device: str | torch.device | None = None,
-        pin_memory: bool | None = None,
-        on_error: OnError = "raise",
-        max_failures: int | float | None = None,
-        read: Callable[[str], bytes] | None = None,
-        zero_copy: bool = True,
-        read_retries: int = 2,
-        sample_timeout: float | None = None,
-        max_worker_restarts: int = 3,
-        rank: int | None = None,
-        world_size: int | None = None,
-        pad_shards: bool = True,
-        loader_process: LoaderProcess = "auto",
-        storage_options: dict[str, Any] | None = None,
-        storage_backend: StorageBackend = "auto",
-        progress: bool | Literal["always"] = False,
-        decode_on: DecodeOn = "local",
-        cache: Cache | None = None,
+        batch_size: int = Sampling.batch_size,
+        decode: Callable[[bytes], Any] | None = Decoding.decode,
+        collate: Callable[[list[Any]], Any] | None = Delivery.collate,
+        shuffle: bool = Sampling.shuffle,
+        seed: int = Sampling.seed,
+        drop_last: bool = Sampling.drop_last,
+        num_workers: int | Literal["auto"] | None = Decoding.num_workers,
+        io_concurrency: int | Literal["auto"] = Reading.io_concurrency,
+        prefetch: int = Delivery.prefetch,
+        ordered: bool = Delivery.ordered,
+        device: str | torch.device | None = Delivery.device,
+        pin_memory: bool | None = Delivery.pin_memory,
+        on_error: OnError = Failures.on_error,
+        max_failures: int | float | None = Failures.max_failures,
+        read: Callable[[str], bytes] | None = Reading.read,
+        zero_copy: bool = Delivery.zero_copy,
+        read_retries: int = Reading.read_retries,
+        sample_timeout: float | None = Failures.sample_timeout,
+        max_worker_restarts: int = Decoding.max_worker_restarts,
+        rank: int | None = Sampling.rank,
+        world_size: int | None = Sampling.world_size,
+        pad_shards: bool = Sampling.pad_shards,
+        loader_process: LoaderProcess = Delivery.loader_process,
+        storage_options: Mapping[str, Any] | None = Reading.storage_options,
+        storage_backend: StorageBackend = Reading.storage_backend,
+        progress: Progress = Delivery.progress,
+        decode_on: DecodeOn = Decoding.decode_on,
+        cache: Cache | None = LoaderConfig.cache,
     ) -> None:
-        if decode is _DEFAULT_DECODE:
-            decode = ImageDecoder(224)
-        if decode_on == "local" and (decode is not None or loader_process is not False):
-            zygote.early(decode, read, collate)  # before the arguments touch CUDA: see there
+        given = {name: value for name, value in locals().items() if name not in ("self", "dataset")}
         self._dataset = FileDataset.coerce(dataset)
         remote = is_remote(self._dataset.path(0))
-        self._config = LoaderConfig.create(
-            remote=remote,
-            batch_size=batch_size,
-            decode=decode,
-            collate=collate,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            num_workers=num_workers,
-            io_concurrency=io_concurrency,
-            prefetch=prefetch,
-            ordered=ordered,
-            device=device,
-            pin_memory=pin_memory,
-            on_error=on_error,
-            max_failures=max_failures,
-            read=read,
-            zero_copy=zero_copy,
-            read_retries=read_retries,
-            sample_timeout=sample_timeout,
-            max_worker_restarts=max_worker_restarts,
-            rank=rank,
-            world_size=world_size,
-            pad_shards=pad_shards,
-            loader_process=loader_process,
-            storage_options=storage_options,
-            storage_backend=storage_backend,
-            progress=progress,
-            decode_on=decode_on,
-            cache=cache,
-        )
+        # The zygote is made before the device is resolved (CUDA's context): see zygote.early.
+        self._config = LoaderConfig.create(given, remote=remote, early=zygote.early)
         self._state = State.IDLE
         self._lock = threading.Lock()
         self._runtime: Runtime | ProcessRuntime | None = None
         self._where: Literal["process", "thread"] | None = None
+        self._device: torch.device | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        self._counters = Counters.for_loader(self._config, remote)
-        self._epochs = Epochs(self._config, len(self._dataset))
+        self._counters = self._config.counters(remote)
+        self._epochs = Epochs(self._config.sampling, len(self._dataset))
 
     # -- properties -------------------------------------------------------------------------
     @property
     def config(self) -> LoaderConfig:
         return self._config
+
+    @property
+    def device(self) -> torch.device:
+        """The device batches are delivered on: ``device`` as given, with ``"cuda"`` settled
+        to this rank's GPU when the loader starts (:func:`~aioloader.run.start.settle_device`)."""
+        return self._device if self._device is not None else self._config.delivery.target
 
     @property
     def dataset(self) -> FileDataset:
@@ -279,12 +247,12 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (a resumed epoch delivers only the rest of them)."""
-        cfg = self._config
-        per_rank = shard_size(len(self._dataset), cfg.world_size, cfg.pad_shards)
-        return num_batches(per_rank, cfg.batch_size, cfg.drop_last)
+        s = self._config.sampling
+        per_rank = shard_size(len(self._dataset), s.shard[1], s.pad_shards)
+        return num_batches(per_rank, s.batch_size, s.drop_last)
 
     def __repr__(self) -> str:
-        return f"<Loader {self._state.value} {self._dataset!r} batch_size={self._config.batch_size}>"
+        return f"<Loader {self._state.value} {self._dataset!r} batch_size={self._config.sampling.batch_size}>"
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next iteration (its shuffle order and augmentation seeds).
@@ -309,8 +277,9 @@ class Loader:
             if self._runtime is not None:
                 self._runtime.check_owner()
             else:
-                self._config = settled(self._config)  # on the starting thread: see there
-                runtime = start_runtime(self._config, self._dataset, self._counters)
+                if self._device is None:  # on the starting thread: see settle_device
+                    self._device = settle_device(self._config)
+                runtime = start_runtime(self._config, self._device, self._dataset, self._counters)
                 # The safety net: a loader dropped without close() still stops everything.
                 self._finalizer = weakref.finalize(self, runtime.shutdown)
                 self._runtime = runtime
@@ -343,8 +312,8 @@ class Loader:
         self.close()  # never masks the body's exception: close does not raise
 
     async def __aenter__(self) -> Loader:
-        if self._runtime is None:  # the device settled here: CUDA's current device is a thread's own
-            self._config = settled(self._config)
+        if self._runtime is None and self._device is None:  # CUDA's current device is a thread's own
+            self._device = settle_device(self._config)
         await in_thread(self.start)
         sigterm.install()  # back on the caller's thread, usually the main one
         return self
@@ -361,7 +330,7 @@ class Loader:
         self._counters.begin_epoch(progress.epoch)
         run = runtime.start_run(progress.epoch, point)  # the runtime makes the epoch's plan
         done = 0 if point is None else point.start + len(point.done)
-        bar = make_bar(self._config.progress, progress.epoch, progress.total, self._counters, done)
+        bar = make_bar(self._config.delivery.progress, progress.epoch, progress.total, self._counters, done)
         return Cursor(runtime, run, progress, self._counters, lambda: self._state is State.CLOSED, bar)
 
     # -- resumption -------------------------------------------------------------------------
@@ -372,7 +341,7 @@ class Loader:
         s = self._counters.snapshot()
         stats: dict[str, Any] = {"samples": s.samples, "batches": s.batches, "attempted": s.attempted}
         stats["failures_by_reason"] = s.failures_by_reason
-        return make_state(self._config, len(self._dataset), progress, stats)
+        return make_state(self._config.sampling, len(self._dataset), progress, stats)
 
     def load_state_dict(self, state: dict[str, Any], *, allow_reshard: bool = False) -> None:
         """Resume from ``state`` (from :meth:`state_dict` of a loader over the same dataset,
@@ -380,7 +349,7 @@ class Loader:
         that were not received yet. A state from another world size is refused unless
         ``allow_reshard``: then the samples no old rank received are spread over the new
         ranks, each once (plus the padding that keeps the ranks' batch counts equal)."""
-        point = check_state(state, self._config, len(self._dataset), allow_reshard=allow_reshard)
+        point = check_state(state, self._config.sampling, len(self._dataset), allow_reshard=allow_reshard)
         stats = state.get("stats") or {}
         self._counters.restore(
             int(stats.get("samples", 0)),

@@ -109,12 +109,12 @@ def main() -> None:
     stats = loader.stats
     print(
         f"rank {rank}: {stats.ranks_on_node} ranks on this node, {stats.cpus_per_rank} of its "
-        f"{usable_cpus()} usable CPUs each: num_workers={loader.config.num_workers}",
+        f"{usable_cpus()} usable CPUs each: num_workers={loader.config.build.workers}",
         flush=True,
     )
     with loader:
         if rank == 0:
-            print(f"batches on {loader.config.device}, training on {device}", flush=True)
+            print(f"batches on {loader.device}, training on {device}", flush=True)
         for epoch in range(start_epoch, args.epochs):
             loader.set_epoch(epoch)  # the checkpoint's epoch keeps its position
             for images, labels in loader:

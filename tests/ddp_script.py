@@ -25,7 +25,7 @@ def main(paths_file: str, out: str, phase: str) -> None:
     with open(paths_file) as f:
         paths = json.load(f)
     with aioloader.Loader(paths, batch_size=3, decode=decode_number, num_workers=1, seed=5) as loader:
-        assert (loader.config.rank, loader.config.world_size) == (rank, 2)
+        assert (loader.config.sampling.rank, loader.config.sampling.world_size) == (rank, 2)
         loader.set_epoch(1)
         state_file = os.path.join(out, f"state-rank{rank}.json")
         if phase == "resume":

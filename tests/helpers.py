@@ -713,7 +713,7 @@ class RuntimeWatch:
 
     def __init__(self) -> None:
         #: ``(asked for a loader process, the runtime's class name)`` per runtime started;
-        #: asked: ``config.start_in == "process"``, so for ``"auto"`` unless its callables
+        #: asked: ``config.build.start_in == "process"``, so for ``"auto"`` unless its callables
         #: could not be sent (then it loads in-process as asked).
         self.started: list[tuple[bool, str]] = []
         self.warnings: list[str] = []
@@ -742,7 +742,7 @@ class RuntimeWatch:
 
         def watched(config: Any, *args: Any, **kwargs: Any) -> Any:
             runtime = original(config, *args, **kwargs)
-            self.started.append((config.start_in == "process", type(runtime).__name__))
+            self.started.append((config.build.start_in == "process", type(runtime).__name__))
             return runtime
 
         monkeypatch.setattr(aioloader.run.start, "start_runtime", watched)
@@ -806,7 +806,8 @@ def make_config(**kw: object) -> Any:
         "max_failures": None,
     }
     args.update(kw)
-    return LoaderConfig.create(**args)  # type: ignore[arg-type]
+    remote = bool(args.pop("remote", False))
+    return LoaderConfig.create(args, remote=remote)
 
 
 def lay_out_proc(tmp_path: Path, mountinfo: str, proc_cgroup: str, files: dict[str, str]) -> Path:

@@ -5,7 +5,6 @@ tuner (:mod:`aioloader.tune.tuner`) driven tick by tick on a fake wall clock and
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 from helpers import FakeClock
@@ -20,7 +19,7 @@ from aioloader.tune.rules import (
     memory_cap,
     process_cpu_seconds,
 )
-from aioloader.tune.tuner import TICK, Tuner, io_floor, memory_budget, trainer_pids
+from aioloader.tune.tuner import TICK, Tuner, Tuning, io_floor, memory_budget, trainer_pids
 
 
 def reads_bound(limit: int, latency: float, seconds: float = 0.5, decode_busy: float = 0.25) -> IoWindow:
@@ -180,9 +179,8 @@ def test_the_tuner_judges_each_tick_on_its_clocks(monkeypatch: pytest.MonkeyPatc
         "decode": StageMeter("decode", bound=8, capacity=4, clock=clock),
     }
     reader, decoder = FakeReader(64, max_io=1024), FakeDecoder(4)
-    config = SimpleNamespace(io_auto=True, workers_auto=True, batch_size=16, num_workers=4, cpus_per_rank=4)
     tuner = Tuner(
-        config,  # type: ignore[arg-type]
+        Tuning(batch_size=16, workers=4, cpus=4, io=True, decoders=True),
         reader,  # type: ignore[arg-type]
         decoder,  # type: ignore[arg-type]
         meters,

@@ -53,7 +53,7 @@ def test_auto_reads_grow_behind_slow_storage_and_batches_do_not_change(
     paths = write_numbered_files(tmp_path / "files", 1500)
     caplog.set_level(logging.DEBUG, logger="aioloader")
     with Loader(paths, read=JitterRead(), loader_process=process, **OPTS) as loader:
-        assert loader.config.io_auto and loader.config.io_concurrency == AUTO_IO_START
+        assert loader.config.reading.io_auto and loader.config.reading.io_start == AUTO_IO_START
         got = []
         for epoch in range(3):
             loader.set_epoch(epoch)
@@ -103,7 +103,7 @@ def test_auto_workers_leave_a_cpu_to_a_trainer_that_uses_one(tmp_path: Path, pro
     step = Spin(0.015)
     opts = {**OPTS, "batch_size": 8, "shuffle": False}
     with Loader(paths, num_workers="auto", io_concurrency=8, loader_process=process, **opts) as loader:
-        assert loader.stats.num_workers == loader.config.num_workers == usable_cpus()
+        assert loader.stats.num_workers == loader.config.build.workers == usable_cpus()
         seen: list[int] = []
         changed_at = None
         for batch in loader:

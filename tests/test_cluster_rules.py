@@ -148,14 +148,19 @@ def test_decode_on_refuses_what_cannot_go_with_it(kw: dict[str, object], says: s
 def test_decode_on_ray_settings() -> None:
     pytest.importorskip("ray")
     cfg = _config(decode_on="ray")
-    assert (cfg.decode_on, cfg.cluster_tasks, cfg.loader_process, cfg.start_in) == (
+    assert (
+        cfg.decoding.decode_on,
+        cfg.build.cluster_tasks,
+        cfg.delivery.loader_process,
+        cfg.build.start_in,
+    ) == (
         "ray",
         None,
         "auto",
         "thread",
     )
-    assert _config(decode_on="ray", num_workers=6).cluster_tasks == 6
-    assert _config().decode_on == "local" and _config().cluster_tasks is None
+    assert _config(decode_on="ray", num_workers=6).build.cluster_tasks == 6
+    assert _config().decoding.decode_on == "local" and _config().build.cluster_tasks is None
 
 
 def test_the_users_own_module_goes_to_the_cluster_by_value(

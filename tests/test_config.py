@@ -133,27 +133,31 @@ def test_batch_size_zero_exact_message() -> None:
 
 def test_valid_config_values() -> None:
     cfg = create(batch_size=7, seed=123, shuffle=True, drop_last=True, ordered=False, prefetch=5)
-    assert cfg.batch_size == 7
-    assert cfg.seed == 123
-    assert cfg.shuffle is True and cfg.drop_last is True and cfg.ordered is False
-    assert cfg.prefetch == 5
-    assert cfg.io_concurrency == 8
-    assert cfg.device == torch.device("cpu")
-    assert cfg.zero_copy is True
-    assert cfg.read_retries == 2 and cfg.max_worker_restarts == 3 and cfg.sample_timeout is None
+    assert cfg.sampling.batch_size == 7
+    assert cfg.sampling.seed == 123
+    assert cfg.sampling.shuffle is True and cfg.sampling.drop_last is True and cfg.delivery.ordered is False
+    assert cfg.delivery.prefetch == 5
+    assert cfg.reading.io_start == 8
+    assert cfg.delivery.device == torch.device("cpu")
+    assert cfg.delivery.zero_copy is True
+    assert (
+        cfg.reading.read_retries == 2
+        and cfg.decoding.max_worker_restarts == 3
+        and cfg.failures.sample_timeout is None
+    )
     other = create(read_retries=0, max_worker_restarts=0, sample_timeout=2)
-    assert other.read_retries == 0 and other.max_worker_restarts == 0
-    assert other.sample_timeout == 2.0 and type(other.sample_timeout) is float
+    assert other.reading.read_retries == 0 and other.decoding.max_worker_restarts == 0
+    assert other.failures.sample_timeout == 2.0 and type(other.failures.sample_timeout) is float
     with pytest.raises(AttributeError):
-        cfg.batch_size = 8  # type: ignore[misc]
+        cfg.sampling.batch_size = 8  # type: ignore[misc]
 
 
 def test_max_failures_accepted_with_skip() -> None:
     for value in (0, 5, 0.0, 0.25, 1.0):
         cfg = create(on_error="skip", max_failures=value)
-        assert cfg.max_failures == value
-        assert type(cfg.max_failures) is type(value)
-    assert create(on_error="skip").max_failures is None
+        assert cfg.failures.max_failures == value
+        assert type(cfg.failures.max_failures) is type(value)
+    assert create(on_error="skip").failures.max_failures is None
 
 
 def test_unsupported_device_rejected() -> None:
@@ -179,12 +183,12 @@ def test_cuda_device_resolves_with_index_when_the_loader_starts(numbered: list[s
     """``"cuda"`` keeps no index while the loader is made (this rank's GPU, whenever the
     loader was made: tests/test_node.py); it has one from the start."""
     cfg = create(device="cuda")
-    assert cfg.device == torch.device("cuda")
+    assert cfg.delivery.device == torch.device("cuda")
     with aioloader.Loader(numbered, batch_size=4, decode=decode_number, device="cuda") as started:
-        assert started.config.device == torch.device("cuda", torch.cuda.current_device())
-        assert next(iter(started)).device == started.config.device
-    assert cfg.pin_memory is True
-    assert create(device="cuda", pin_memory=False).pin_memory is False
+        assert started.device == torch.device("cuda", torch.cuda.current_device())
+        assert next(iter(started)).device == started.device
+    assert cfg.delivery.pin_memory is True
+    assert create(device="cuda", pin_memory=False).delivery.pin_memory is False
     with pytest.raises(ValueError, match=r"CUDA device\(s\)"):
         create(device=f"cuda:{torch.cuda.device_count()}")
 
@@ -193,9 +197,9 @@ def test_cpu_device_never_pins() -> None:
     for device in (None, "cpu", "cpu:0", torch.device("cpu")):
         for pin in (None, True, False):
             cfg = create(device=device, pin_memory=pin)
-            assert cfg.device.type == "cpu"
-            assert cfg.pin_memory is False, (device, pin)
-    assert loader(pin_memory=True).config.pin_memory is False
+            assert cfg.delivery.device.type == "cpu"
+            assert cfg.delivery.pin_memory is False, (device, pin)
+    assert loader(pin_memory=True).config.delivery.pin_memory is False
 
 
 def test_resolve_device() -> None:
@@ -205,8 +209,8 @@ def test_resolve_device() -> None:
 
 
 def test_num_workers_none_is_usable_cpus() -> None:
-    assert create(num_workers=None).num_workers == usable_cpus()
-    assert create(num_workers=3).num_workers == 3
+    assert create(num_workers=None).build.workers == usable_cpus()
+    assert create(num_workers=3).build.workers == 3
 
 
 def test_usable_cpus_lie_within_the_affinity() -> None:
@@ -224,7 +228,7 @@ def test_loky_max_cpu_count_lowers_the_count(monkeypatch: pytest.MonkeyPatch) ->
         pytest.skip("one usable CPU: there is nothing to lower")
     monkeypatch.setenv("LOKY_MAX_CPU_COUNT", str(usable - 1))
     assert usable_cpus() == usable - 1
-    assert create(num_workers=None).num_workers == usable - 1
+    assert create(num_workers=None).build.workers == usable - 1
     monkeypatch.setenv("LOKY_MAX_CPU_COUNT", str(usable + 8))  # it only lowers
     assert usable_cpus() == usable
 
@@ -232,26 +236,26 @@ def test_loky_max_cpu_count_lowers_the_count(monkeypatch: pytest.MonkeyPatch) ->
 def test_loader_defaults() -> None:
     ld = aioloader.Loader(["a.jpg"])
     cfg = ld.config
-    assert cfg.batch_size == 256
-    assert cfg.shuffle is True
-    assert cfg.seed == 0
-    assert cfg.drop_last is False
-    assert cfg.ordered is True
-    assert cfg.on_error == "raise"
-    assert cfg.max_failures is None
-    assert cfg.pin_memory is False
-    assert cfg.device == torch.device("cpu")
-    assert cfg.num_workers == usable_cpus()
-    assert isinstance(cfg.decode, ImageDecoder)
-    assert cfg.decode.output_shape == (3, 224, 224)
-    assert cfg.loader_process == "auto" and cfg.start_in == "process" and ld.runtime is None
+    assert cfg.sampling.batch_size == 256
+    assert cfg.sampling.shuffle is True
+    assert cfg.sampling.seed == 0
+    assert cfg.sampling.drop_last is False
+    assert cfg.delivery.ordered is True
+    assert cfg.failures.on_error == "raise"
+    assert cfg.failures.max_failures is None
+    assert cfg.delivery.pin_memory is False
+    assert cfg.delivery.device == torch.device("cpu")
+    assert cfg.build.workers == usable_cpus()
+    assert isinstance(cfg.decoding.decode, ImageDecoder)
+    assert cfg.decoding.decode.output_shape == (3, 224, 224)
+    assert cfg.delivery.loader_process == "auto" and cfg.build.start_in == "process" and ld.runtime is None
     ld.close()
 
 
 def test_loader_decode_none_and_custom_decode() -> None:
-    assert loader(decode=None).config.decode is None
+    assert loader(decode=None).config.decoding.decode is None
     dec = ImageDecoder(32)
-    assert loader(decode=dec).config.decode is dec
+    assert loader(decode=dec).config.decoding.decode is dec
 
 
 def test_loader_rejects_non_sequence_dataset() -> None:
@@ -307,13 +311,15 @@ def test_invalid_arguments_start_nothing() -> None:
 
 def test_auto_settings() -> None:
     cfg = create(io_concurrency="auto", num_workers="auto")
-    assert cfg.io_auto and cfg.workers_auto and cfg.autotuned
-    assert cfg.io_concurrency == AUTO_IO_START  # where the tuner starts
-    assert cfg.num_workers == usable_cpus()  # processes started; the tuner picks how many decode
+    assert cfg.reading.io_auto and cfg.decoding.workers_auto and cfg.autotuned
+    assert cfg.reading.io_start == AUTO_IO_START  # where the tuner starts
+    assert cfg.build.workers == usable_cpus()  # processes started; the tuner picks how many decode
     fixed = create(io_concurrency=8, num_workers=2)
-    assert not (fixed.io_auto or fixed.workers_auto or fixed.autotuned)
+    assert not (fixed.reading.io_auto or fixed.decoding.workers_auto or fixed.autotuned)
     loader = aioloader.Loader(["a.jpg"])
-    assert loader.config.io_auto and not loader.config.workers_auto  # io "auto" is the default
+    assert (
+        loader.config.reading.io_auto and not loader.config.decoding.workers_auto
+    )  # io "auto" is the default
 
 
 def test_loader_process_auto_true_or_false() -> None:
@@ -321,7 +327,7 @@ def test_loader_process_auto_true_or_false() -> None:
     ``"auto"`` may fall back silently. ``loader_process`` stays as given; ``start_in`` is
     the choice settled. Where obstore may read follows (storage_backend)."""
     settled = {
-        value: (c.loader_process, c.start_in, c.storage_backend)
+        value: (c.delivery.loader_process, c.build.start_in, c.build.storage_backend)
         for value in ("auto", True, False)
         for c in [create(loader_process=value, decode=decode_number)]
     }
@@ -332,14 +338,14 @@ def test_loader_process_auto_true_or_false() -> None:
     }
     # Without a decode, "auto" loads in-process (nothing to take off the trainer's GIL but
     # the reads; a loader process would copy the bytes once more), unless obstore is asked.
-    assert create(loader_process="auto", decode=None).start_in == "thread"
-    assert create(loader_process=True, decode=None).start_in == "process"
+    assert create(loader_process="auto", decode=None).build.start_in == "thread"
+    assert create(loader_process=True, decode=None).build.start_in == "process"
     # Slow storage keeps it: URLs, or a read of the user's (RESULTS §24: reads cost no CPU there).
-    assert create(loader_process="auto", decode=None, remote=True).start_in == "process"
-    assert create(loader_process="auto", decode=None, read=len).start_in == "process"
+    assert create(loader_process="auto", decode=None, remote=True).build.start_in == "process"
+    assert create(loader_process="auto", decode=None, read=len).build.start_in == "process"
     obstore = create(loader_process="auto", decode=None, storage_backend="obstore")
-    assert (obstore.start_in, obstore.storage_backend) == ("process", "obstore")
-    assert create(loader_process="auto", storage_backend="obstore").storage_backend == "obstore"
+    assert (obstore.build.start_in, obstore.build.storage_backend) == ("process", "obstore")
+    assert create(loader_process="auto", storage_backend="obstore").build.storage_backend == "obstore"
     with pytest.raises(ValueError, match=r"^storage_backend='obstore' needs a loader process"):
         create(loader_process=False, storage_backend="obstore")
 
@@ -357,13 +363,49 @@ def test_auto_with_a_callable_that_cannot_be_sent_settles_in_process() -> None:
     for name in ("read", "collate"):
         refused = rf"^{name}=<function .*read.*> cannot be sent to the loader process"
         cfg = create(**{name: read, "decode": decode_number})
-        assert (cfg.loader_process, cfg.start_in) == ("auto", "thread")
-        assert cfg.storage_backend == "fsspec" and name not in cfg.sent
+        assert (cfg.delivery.loader_process, cfg.build.start_in) == ("auto", "thread")
+        assert cfg.build.storage_backend == "fsspec" and name not in cfg.build.sent
         with pytest.raises(ValueError, match=refused):
             create(**{name: read, "loader_process": True, "decode": decode_number})
         with pytest.raises(ValueError, match=refused):
             create(**{name: read, "storage_backend": "obstore", "decode": decode_number})
-    assert create(read=len, collate=list, decode=decode_number).sent.keys() == {"decode", "read", "collate"}
+    assert create(read=len, collate=list, decode=decode_number).build.sent.keys() == {
+        "decode",
+        "read",
+        "collate",
+    }
+
+
+def flat_state(config: LoaderConfig) -> dict[str, Any]:
+    """``config`` as a config was pickled before the parts: one flat object, its workers
+    settled into ``num_workers`` and ``io_concurrency`` with ``workers_auto``/``io_auto``."""
+    state: dict[str, Any] = {}
+    for part in (config.sampling, config.reading, config.decoding, config.delivery, config.failures):
+        state.update(vars(part))
+    state.update(vars(config.build))
+    state.update(
+        num_workers=state.pop("workers"),
+        io_concurrency=config.reading.io_start,
+        io_auto=config.reading.io_auto,
+        workers_auto=config.decoding.workers_auto,
+        cache=config.cache,
+        decode=None,
+        sent={},
+    )
+    return state
+
+
+def test_a_config_pickled_before_the_parts_loads_into_them() -> None:
+    """A flat config (before the parts) loads with each setting in its part, as given, and
+    what was settled in the build: ``"auto"`` back where ``io_auto``/``workers_auto`` said so."""
+    for auto in (False, True):
+        made = create(io_concurrency="auto" if auto else 8, num_workers="auto" if auto else 2)
+        old = LoaderConfig.__new__(LoaderConfig)
+        old.__setstate__(flat_state(made))
+        assert old.reading.io_concurrency == made.reading.io_concurrency
+        assert old.decoding.num_workers == made.decoding.num_workers
+        assert old.build.workers == made.build.workers and old.sampling == made.sampling
+        assert old.delivery == made.delivery and old.failures == made.failures
 
 
 def test_a_config_pickled_with_the_old_names_loads_with_one_name_per_setting() -> None:
@@ -376,10 +418,10 @@ def test_a_config_pickled_with_the_old_names_loads_with_one_name_per_setting() -
         ("auto", "thread", True),
         (True, "process", False),
     ):
-        state = create().__getstate__()
+        state = flat_state(create())
         del state["start_in"]
         state.update(loader_process=settled == "process", process_auto=auto)
         old = LoaderConfig.__new__(LoaderConfig)
         old.__setstate__(state)
-        assert (old.loader_process, old.start_in) == (given, settled)
+        assert (old.delivery.loader_process, old.build.start_in) == (given, settled)
         assert "process_auto" not in vars(old)

@@ -61,8 +61,8 @@ if __name__ == "__main__":
     auto = Loader(paths, batch_size=4, decode=decode_number, num_workers="auto")
     auto.close()
     print("usable", usable_cpus())
-    print("default", default.config.num_workers)
-    print("auto", auto.config.num_workers)
+    print("default", default.config.build.workers)
+    print("auto", auto.config.build.workers)
     if {load!r}:
         with default:
             assert [int(v) for b in default for v in b] == list(range(len(paths)))
@@ -280,8 +280,8 @@ if __name__ == "__main__":
     default = Loader(paths, batch_size=4, decode=decode_number, shuffle=False, loader_process=False)
     auto = Loader(paths, batch_size=4, decode=decode_number, num_workers="auto")
     auto.close()
-    print("default", default.config.num_workers)
-    print("auto", auto.config.num_workers)
+    print("default", default.config.build.workers)
+    print("auto", auto.config.build.workers)
     if {load!r}:
         with default:
             assert [int(v) for b in default for v in b] == list(range(len(paths)))

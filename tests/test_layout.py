@@ -216,15 +216,23 @@ def test_pickles_from_before_the_wings_still_load() -> None:
     data = pickle.loads((Path(__file__).parent / "data" / "before_wings.pkl").read_bytes())
     config = data["config"]
     assert isinstance(config, LoaderConfig)
-    assert (config.batch_size, config.seed, config.on_error, config.max_failures) == (4, 3, "skip", 0.5)
-    assert set(config.sent) == {"decode"}
-    assert isinstance(config.decode, ImageDecoder) and config.collate is default_collate
-    assert (config.loader_process, config.start_in) == (False, "thread")  # as the names are now
+    assert (
+        config.sampling.batch_size,
+        config.sampling.seed,
+        config.failures.on_error,
+        config.failures.max_failures,
+    ) == (4, 3, "skip", 0.5)
+    assert set(config.build.sent) == {"decode"}
+    assert isinstance(config.decoding.decode, ImageDecoder) and config.delivery.collate is default_collate
+    assert (config.delivery.loader_process, config.build.start_in) == (
+        False,
+        "thread",
+    )  # as the names are now
 
     jpeg = io.BytesIO()
     Image.fromarray(np.full((40, 50, 3), 7, np.uint8)).save(jpeg, format="JPEG")
-    samples = [config.decode(jpeg.getvalue()), data["decoder"](jpeg.getvalue())]
-    batch = config.collate(samples)
+    samples = [config.decoding.decode(jpeg.getvalue()), data["decoder"](jpeg.getvalue())]
+    batch = config.delivery.collate(samples)
     assert isinstance(batch, torch.Tensor) and batch.shape == (2, 3, 32, 32)
 
     plain, ranged = data["dataset"], data["ranged"]

@@ -15,7 +15,9 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,8 +52,8 @@ def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, runti
     if request.param == "thread":
         create = LoaderConfig.create
 
-        def in_process(**kw: object) -> LoaderConfig:
-            return create(**{**kw, "loader_process": False})
+        def in_process(given: Mapping[str, object], remote: bool = False, early: Any = None) -> LoaderConfig:
+            return create({**given, "loader_process": False}, remote, early)
 
         monkeypatch.setattr(LoaderConfig, "create", in_process)
     return str(request.param)

@@ -5,6 +5,7 @@ was divided (the real two-rank runs are test_distributed.py's)."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 import aioloader
 from aioloader.config import LoaderConfig, usable_cpus
+from aioloader.decode.settings import Decoding
 from aioloader.plan.node import NodeRanks, cpus_per_rank, node_ranks, rank_gpu, tasks_on_node
 
 TORCHRUN = {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "RANK": "11", "WORLD_SIZE": "16"}
@@ -120,14 +122,11 @@ def test_the_loaders_defaults_divide_the_node(monkeypatch: pytest.MonkeyPatch, n
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     for workers in (None, "auto"):
-        config = LoaderConfig.create(batch_size=4, decode=None, collate=None, shuffle=False, seed=0,
-                                     drop_last=False, num_workers=workers, io_concurrency=8, prefetch=2,
-                                     ordered=True, device=None, pin_memory=None, on_error="raise",
-                                     max_failures=None)  # fmt: skip
-        assert config.num_workers == config.cpus_per_rank == max(1, usable // 2)
-        assert config.ranks_on_node == 2
+        config = LoaderConfig.create({"batch_size": 4, "decode": None, "num_workers": workers})
+        assert config.build.workers == config.build.cpus_per_rank == max(1, usable // 2)
+        assert config.build.ranks_on_node == 2
     loader = aioloader.Loader(numbered, batch_size=4, decode=None, num_workers=3)
-    assert loader.config.num_workers == 3
+    assert loader.config.build.workers == 3
     stats = loader.stats
     assert (stats.ranks_on_node, stats.cpus_per_rank) == (2, max(1, usable // 2))
     monkeypatch.delenv("LOCAL_RANK")
@@ -146,9 +145,15 @@ def test_the_device_is_settled_when_the_loader_starts(
     from aioloader.run.start import settle_device
 
     base = aioloader.Loader(["a"], batch_size=1, decode=None).config
+
+    def on(device: torch.device) -> LoaderConfig:  # a CUDA device this machine has not: not checked
+        delivery = copy.copy(base.delivery)
+        object.__setattr__(delivery, "device", device)
+        return replace(base, delivery=delivery)
+
     assert settle_device(base) == torch.device("cpu")
-    assert settle_device(replace(base, device=torch.device("cuda", 2))) == torch.device("cuda", 2)
-    cuda = replace(base, device=torch.device("cuda"))
+    assert settle_device(on(torch.device("cuda", 2))) == torch.device("cuda", 2)
+    cuda = on(torch.device("cuda"))
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -161,7 +166,7 @@ def test_the_device_is_settled_when_the_loader_starts(
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)  # torch.cuda.set_device(1)
     assert settle_device(cuda) == torch.device("cuda", 1)
-    named = replace(cuda, decode=aioloader.ImageDecoder(64, device="cuda:0"))
+    named = replace(cuda, decoding=Decoding(decode=aioloader.ImageDecoder(64, device="cuda:0")))
     assert settle_device(named) == torch.device("cuda", 0)
     assert caplog.records == []
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -262,7 +262,7 @@ def test_storage_backend_settles_where_obstore_may_run() -> None:
     ):
         Loader(["s3://b/a"], storage_backend="obstore", loader_process=False)
     # The default, "auto", runs in a loader process where it can: obstore may read there.
-    assert Loader(["s3://b/a"], storage_backend="obstore").config.storage_backend == "obstore"
+    assert Loader(["s3://b/a"], storage_backend="obstore").config.build.storage_backend == "obstore"
     with pytest.raises(ValueError, match="storage_backend='s3fs' must be 'auto', 'fsspec' or 'obstore'"):
         Loader(["s3://b/a"], storage_backend="s3fs")  # type: ignore[arg-type]
 

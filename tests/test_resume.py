@@ -7,19 +7,19 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
-from helpers import make_config
 
-from aioloader.config import LoaderConfig, resolve_rank
 from aioloader.plan.resume import Progress, ResumePoint, check_state, make_state, plan_for, plan_len
 from aioloader.plan.sampler import epoch_order, num_batches, plan_epoch, plan_remainder, shard
+from aioloader.plan.settings import Sampling, resolve_rank
 
 
-def config(**kw: object) -> LoaderConfig:
-    config: LoaderConfig = make_config(**kw)
-    return config
+def sampling(**kw: Any) -> Sampling:
+    """The plan's settings of a small loader (batches of 4, seed 3), ``kw`` overriding them."""
+    return Sampling(**{"batch_size": 4, "seed": 3, **kw})
 
 
 def test_progress_tracks_the_received_prefix_and_out_of_order_batches() -> None:
@@ -35,7 +35,7 @@ def test_progress_tracks_the_received_prefix_and_out_of_order_batches() -> None:
 
 
 def test_state_is_small_json_and_round_trips() -> None:
-    cfg = config(rank=1, world_size=2)
+    cfg = sampling(rank=1, world_size=2)
     p = Progress(epoch=5, total=10)
     for k in (0, 1, 3):
         p.mark(k, 4)
@@ -58,46 +58,46 @@ def test_state_is_small_json_and_round_trips() -> None:
     ],
 )
 def test_a_state_for_other_batches_is_refused(change: dict[str, object], field: str) -> None:
-    state = make_state(config(), 37, Progress(0, 10), {})
+    state = make_state(sampling(), 37, Progress(0, 10), {})
     with pytest.raises(ValueError, match=f"taken with {field}="):
-        check_state(state, config(**change), 37)
+        check_state(state, sampling(**change), 37)
 
 
 def test_a_state_for_another_dataset_length_is_refused() -> None:
-    state = make_state(config(), 37, Progress(0, 10), {})
+    state = make_state(sampling(), 37, Progress(0, 10), {})
     with pytest.raises(ValueError, match="dataset_len=37, this loader has dataset_len=38"):
-        check_state(state, config(), 38)
+        check_state(state, sampling(), 38)
 
 
 def test_not_a_state_and_a_future_version_are_refused() -> None:
     with pytest.raises(ValueError, match="not an aioloader state dict"):
-        check_state({"epoch": 1}, config(), 37)
-    state = make_state(config(), 37, Progress(0, 10), {})
+        check_state({"epoch": 1}, sampling(), 37)
+    state = make_state(sampling(), 37, Progress(0, 10), {})
     state["version"] = 99
     with pytest.raises(ValueError, match="version 99 is not supported"):
-        check_state(state, config(), 37)
+        check_state(state, sampling(), 37)
 
 
 def test_world_size_change_needs_allow_reshard_and_rank_must_match() -> None:
-    state = make_state(config(rank=0, world_size=2), 37, Progress(0, 5), {})
+    state = make_state(sampling(rank=0, world_size=2), 37, Progress(0, 5), {})
     with pytest.raises(ValueError, match="world_size=2, this loader has world_size=3; pass allow_reshard"):
-        check_state(state, config(rank=0, world_size=3), 37)
-    point = check_state(state, config(rank=2, world_size=3), 37, allow_reshard=True)
+        check_state(state, sampling(rank=0, world_size=3), 37)
+    point = check_state(state, sampling(rank=2, world_size=3), 37, allow_reshard=True)
     assert point.base == (2, 0)
     with pytest.raises(ValueError, match="the state is rank 0's, this loader is rank 1"):
-        check_state(state, config(rank=1, world_size=2), 37)
+        check_state(state, sampling(rank=1, world_size=2), 37)
 
 
 def test_reshard_refuses_out_of_order_states() -> None:
     p = Progress(0, 5)
     p.mark(1, 4)
-    state = make_state(config(world_size=2), 37, p, {})
+    state = make_state(sampling(world_size=2), 37, p, {})
     with pytest.raises(ValueError, match="out of order"):
-        check_state(state, config(world_size=3), 37, allow_reshard=True)
+        check_state(state, sampling(world_size=3), 37, allow_reshard=True)
 
 
 def test_plan_for_resumes_only_the_states_epoch() -> None:
-    cfg = config()
+    cfg = sampling()
     point = ResumePoint(epoch=1, start=3, done=frozenset({5}))
     resumed = plan_for(cfg, 37, 1, point)
     assert resumed.pending() == [3, 4, 6, 7, 8, 9]
@@ -155,7 +155,7 @@ def test_plan_len_is_the_plans_length_without_making_an_order(n: int) -> None:
     for bs, drop_last, pad, ws, old_ws in itertools.product(
         (1, 4, 7), (False, True), (True, False), (1, 2, 3), (1, 2, 4)
     ):
-        cfg = config(batch_size=bs, drop_last=drop_last, pad_shards=pad, world_size=ws, rank=ws - 1)
+        cfg = sampling(batch_size=bs, drop_last=drop_last, pad_shards=pad, world_size=ws, rank=ws - 1)
         points: list[ResumePoint | None] = [None, ResumePoint(epoch=2, start=1, done=frozenset({3}))]
         points += [ResumePoint(epoch=2, base=(old_ws, consumed)) for consumed in range(n // bs + 2)]
         for point in points:
@@ -264,7 +264,7 @@ def test_repacker_cuts_survivors_into_full_batches_and_tracks_done_batches() -> 
 def test_epochs_count_up_unless_set() -> None:
     from aioloader.plan.epochs import Epochs
 
-    epochs = Epochs(config(), 20)  # 5 batches of 4
+    epochs = Epochs(sampling(), 20)  # 5 batches of 4
     seen = []
     for _ in range(3):
         progress, point = epochs.begin()
@@ -283,7 +283,7 @@ def test_epochs_count_up_unless_set() -> None:
 def test_epochs_progress_for_a_state_dict() -> None:
     from aioloader.plan.epochs import Epochs
 
-    epochs = Epochs(config(), 20)
+    epochs = Epochs(sampling(), 20)
     before = epochs.progress(5)
     assert (before.epoch, before.total, before.next) == (0, 5, 0)
     running, _ = epochs.begin()
@@ -297,7 +297,7 @@ def test_epochs_progress_for_a_state_dict() -> None:
 def test_epochs_resume_once_then_start_afresh() -> None:
     from aioloader.plan.epochs import Epochs
 
-    cfg = config()
+    cfg = sampling()
     epochs = Epochs(cfg, 20)
     point = ResumePoint(epoch=4, start=2, done=frozenset({3}), samples=12)
     epochs.resume(point)

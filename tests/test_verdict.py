@@ -141,9 +141,9 @@ def test_transfer_advice_fits_the_machine(setup: Setup, says: str, never: str) -
 
 
 def test_the_setup_of_a_loader_says_which_stages_run() -> None:
-    plain = Setup.of(make_config(decode=None, device=None), remote=False)
+    plain = make_config(decode=None, device=None).setup(remote=False)
     assert (plain.decode, plain.device, plain.transfer) == (False, "cpu", False)
-    decoding = Setup.of(make_config(decode=len, device="cpu"), remote=True)
+    decoding = make_config(decode=len, device="cpu").setup(remote=True)
     assert decoding.decode and decoding.remote and not decoding.transfer and not decoding.pin_memory
 
 

@@ -10,4 +10,5 @@
 | ``cgmemory.py`` | memory this process may still take: ``MemAvailable`` and its cgroups' memory limits |
 | ``semnames.py`` | semaphores named ``sem.mp-aioloader-<pid>-``, loky notwithstanding |
 | ``heap.py`` | memory the first, pickled batches left in malloc's arenas, given back (``malloc_trim``) |
+| ``checks.py`` | the checks every part's settings share: positive ints, flags, callables |
 """

@@ -218,7 +218,7 @@ def _cluster_dict(cluster: Any, ray: dict[str, Any]) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResult:
     from aioloader.loader import Loader
-    from aioloader.observe.bottleneck import Setup, diagnose
+    from aioloader.observe.bottleneck import diagnose
     from aioloader.observe.trace import Tracer
     from aioloader.read.urls import is_remote
 
@@ -254,7 +254,7 @@ def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResul
             1.0,
             num_workers=stats.num_workers,
             io_concurrency=stats.io_concurrency,
-            setup=Setup.of(config, is_remote(dataset.path(0))),
+            setup=config.setup(is_remote(dataset.path(0))),
         )
     result = BenchResult(
         source=args.source,
@@ -289,7 +289,7 @@ def _run(args: argparse.Namespace, cluster: dict[str, Any] | None) -> BenchResul
         tracer.write(args.trace)
         result.trace = args.trace
     if args.compare == "torch":
-        result.compare = compare_torch(dataset, decode, args, config.num_workers, rate, options)
+        result.compare = compare_torch(dataset, decode, args, config.build.workers, rate, options)
     if args.tune:
         from aioloader.cli.tune import Setting, tune
         from aioloader.config import usable_cpus

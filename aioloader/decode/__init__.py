@@ -19,6 +19,7 @@ device decode's loader side (its bridge side is ``run/devdecode.py``).
 | ``batchdec.py`` | batch decoders: a batch's JPEGs into a padded buffer on the device (Pillow's for CI) |
 | ``shrink.py`` | ``Cache(max_side=N)``: the small JPEG a worker makes, then decodes |
 | ``nvimgcodec.py`` | ``NvImageCodecDecoder``: a batch's JPEGs decoded on a GPU into PyTorch's memory |
+| ``settings.py`` | ``Decoding``: the decoding part's settings (``decode``, workers, where, restarts) |
 
 The memory they decode into is ``memory/``'s; the processes come from ``procs/``.
 

@@ -12,4 +12,5 @@ collation -> the ready queue. Drives ``read/`` and ``decode/``, tuned by ``tune/
 | ``assemble.py`` | stage 4: a batch from decoded rows (slab blocks as tensors, views to a collate) |
 | ``failures.py`` | the failure policy: ``on_error``, ``max_failures`` over the loader's life |
 | ``caching.py`` | where the engine meets the sample cache: hits served, decoded misses kept |
+| ``settings.py`` | ``Delivery`` (collate, queue, order, device, runtime) and ``Failures``: their settings |
 """

@@ -13,22 +13,27 @@ from concurrent.futures import Executor
 
 from aioloader.cluster.session import RaySession
 from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
-from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.contract import DecodeStageLike, declares_hot_start
 from aioloader.decode.image import ImageDecoder
 from aioloader.decode.ondevice import DeviceDecodeStage
 from aioloader.decode.pool import DecodePool
+from aioloader.decode.settings import Decoding
 from aioloader.decode.stage import DecodeStage
 from aioloader.engine import sizing
+from aioloader.engine.settings import Failures
 from aioloader.memory.slabs import SlabPool
 from aioloader.observe.stats import Counters
+from aioloader.plan.settings import Sampling
+from aioloader.read.settings import Reading
 
 __all__ = ["closed_slabs", "decode_stage"]
 
 
 def decode_stage(
-    config: LoaderConfig,
+    parts: tuple[Sampling, Reading, Decoding, Failures],
+    workers: int,
+    io_concurrency: int,
     dataset: FileDataset,
     counters: Counters,
     pool: DecodePool | None,
@@ -36,51 +41,54 @@ def decode_stage(
     local: Executor,
     slabs: tuple[SlabPool | None, ...] = (),
 ) -> DecodeStageLike | None:
-    """The decode stage for ``config``: on ``cluster``'s Ray tasks when there is one, else on
+    """The decode stage for a loader of these ``parts``, ``workers`` processes and
+    ``io_concurrency`` reads in flight: on ``cluster``'s Ray tasks when there is one, else on
     ``pool``'s workers, else None (``decode=None``: the samples are the files' bytes).
 
     ``local``: the thread a decoder that declares ``hot_start`` may also run on while the
     workers boot; ``slabs``: the pools of the slabs and arenas the workers map (they are
     told which were closed lately, :func:`closed_slabs`)."""
+    sampling, reading, decoding, failures = parts
     if cluster is not None:
         return RayDecodeStage(
             cluster,
-            chunk=cluster_chunk(config.batch_size, cluster.tasks),
+            chunk=cluster_chunk(sampling.batch_size, cluster.tasks),
             # The tasks read the dataset's URLs themselves (not a custom read, nor byte
             # ranges of a file); local files cross as bytes, not through a slab's arena.
-            reads_urls=config.read is None and not dataset.has_spans,
-            seed=config.seed,
-            sample_timeout=config.sample_timeout,
-            read_retries=config.read_retries,
-            storage_options=config.storage_options,
-            io_concurrency=config.io_concurrency,
+            reads_urls=reading.read is None and not dataset.has_spans,
+            seed=sampling.seed,
+            sample_timeout=failures.sample_timeout,
+            read_retries=reading.read_retries,
+            storage_options=reading.storage_options,
+            io_concurrency=io_concurrency,
             path_of=dataset.path,
             counters=counters,
         )
     if pool is None:
         return None
-    assert config.decode is not None
+    decode = decoding.decode
+    assert decode is not None
     stage = DecodeStage(
-        config.decode,
+        decode,
         pool,
         # One round trip to a worker is amortised over a chunk, and a batch still spreads
         # over every worker (two chunks each).
-        chunk=sizing.chunk_size(config.batch_size, config.num_workers),
-        seed=config.seed,
-        sample_timeout=config.sample_timeout,
+        chunk=sizing.chunk_size(sampling.batch_size, workers),
+        seed=sampling.seed,
+        sample_timeout=failures.sample_timeout,
         path_of=dataset.path,
-        hot=declares_hot_start(config.decode),
+        hot=declares_hot_start(decode),
         local=local,
         on_restart=counters.set_worker_restarts,
         meter=counters.meters["decode"],
         forget=closed_slabs(*slabs),
     )
-    if isinstance(config.decode, ImageDecoder) and config.decode.device is not None:
+    if isinstance(decode, ImageDecoder) and decode.device is not None:
         # ImageDecoder(device=...): the JPEGs the device takes travel encoded to the bridge.
         return DeviceDecodeStage(
             stage,
-            config.decode,
-            seed=config.seed,
+            decode,
+            seed=sampling.seed,
             path_of=dataset.path,
             meter=counters.meters["decode"],
             report=counters.device_loader_side,

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
 from aioloader.cache.samples import SampleCache
-from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.decode.contract import ChunkItem, DecodeStageLike
 from aioloader.engine import sizing
@@ -25,6 +24,7 @@ from aioloader.engine.batch import BatchSlabs, BatchWork
 from aioloader.engine.caching import keep_decoded, keep_read, read_through, shrink_for
 from aioloader.engine.failures import FailurePolicy
 from aioloader.engine.opening import Opening
+from aioloader.engine.settings import Delivery, Failures
 from aioloader.engine.sizing import SizeTracker, pooled_arenas, pooled_slabs
 from aioloader.engine.tasks import cancel, gather_or_cancel
 from aioloader.errors import LoaderError, LoaderTimeoutError, SampleError
@@ -34,9 +34,10 @@ from aioloader.memory.slabs import Slab, SlabPool
 from aioloader.observe.stats import Counters
 from aioloader.plan.repack import Repacker
 from aioloader.plan.sampler import EpochPlan
+from aioloader.plan.settings import Sampling
 from aioloader.read.reader import FileReader
 from aioloader.read.urls import is_remote
-from aioloader.tune.tuner import Tuner, memory_budget, trainer_pids
+from aioloader.tune.tuner import Tuner, Tuning, memory_budget, trainer_pids
 
 __all__ = ["Engine", "pooled_arenas", "pooled_slabs"]
 
@@ -55,7 +56,11 @@ class Engine:
 
     def __init__(
         self,
-        config: LoaderConfig,
+        sampling: Sampling,
+        delivery: Delivery,
+        failures: Failures,
+        decode: object,
+        tuning: Tuning | None,
         dataset: FileDataset,
         reader: FileReader,
         stage: DecodeStageLike | None,
@@ -66,7 +71,8 @@ class Engine:
         inputs: SlabPool | None = None,
         cache: SampleCache | None = None,
     ) -> None:
-        self._cfg = config
+        self._sampling, self._delivery, self._failures = sampling, delivery, failures
+        self._batch_size = sampling.batch_size
         #: The sample cache (``Loader(cache=...)``), or None.
         self.cache = cache
         self._ds = dataset
@@ -77,31 +83,31 @@ class Engine:
         # queued and held by the trainer do not each keep a batch of file bytes.
         self._inputs = inputs
         self._counters = counters
-        self.policy = FailurePolicy(config.on_error, config.max_failures, counters)
+        self.policy = FailurePolicy(failures.on_error, failures.max_failures, counters)
         #: The decode stage (chosen where the loader is built); None with ``decode=None``.
         self._stage = stage
         self._assembler = Assembler(
             dataset.labels,
             slabs,
-            config.collate,
-            config.zero_copy,
+            delivery.collate,
+            delivery.zero_copy,
             collate_pool,
             counters.meters["collate"],
             path_of=dataset.path,
         )
-        self._layout = LayoutTracker(declared_layout(config.decode))
+        self._layout = LayoutTracker(declared_layout(decode))
         self._trim = heap.BurstTrim()
-        self._sizes = SizeTracker(config.batch_size)
+        self._sizes = SizeTracker(sampling.batch_size)
         self._plan_slabs()
         # Samples per decode task: the stage's. Without decoding, a batch is one chunk: its
         # reads are all there is to it.
-        self.chunk = stage.chunk if stage is not None else config.batch_size
+        self.chunk = stage.chunk if stage is not None else sampling.batch_size
         #: Moves the reader's limit and the decoders at work (``"auto"`` settings).
-        self.tuner = self._tuner(trainer_pid) if config.autotuned else None
+        self.tuner = self._tuner(tuning, trainer_pid) if tuning is not None else None
 
-    def _tuner(self, trainer_pid: int | None) -> Tuner:
+    def _tuner(self, tuning: Tuning, trainer_pid: int | None) -> Tuner:
         return Tuner(
-            self._cfg,
+            tuning,
             self._reader,
             self._stage,
             self._counters.meters,
@@ -122,26 +128,26 @@ class Engine:
         """Batches under construction: enough to keep every read slot busy (the reader's
         limit now), at least two so the next batch starts while the current one finishes."""
         io = max(self._reader.io_concurrency, self._stage_in_flight)
-        return sizing.window_size(io, self._cfg.batch_size)
+        return sizing.window_size(io, self._batch_size)
 
     def _io_moved(self, io: int) -> None:
         """The read limit moved: so do the window and the slabs and arenas kept for it."""
         io = max(io, self._stage_in_flight)
         if self._slabs is not None:
-            self._slabs.set_pooled(pooled_slabs(io, self._cfg.batch_size, self._cfg.prefetch))
+            self._slabs.set_pooled(pooled_slabs(io, self._batch_size, self._delivery.prefetch))
         if self._inputs is not None:
-            self._inputs.set_pooled(pooled_arenas(io, self._cfg.batch_size))
+            self._inputs.set_pooled(pooled_arenas(io, self._batch_size))
 
     def _bytes_per_sample(self) -> int:
         """What a sample in flight holds: its file's share of the input arena and its
         decoded output."""
-        return self._sizes.arena_bytes() // self._cfg.batch_size + self._layout.out_bytes_per_sample()
+        return self._sizes.arena_bytes() // self._batch_size + self._layout.out_bytes_per_sample()
 
     def _plan_slabs(self) -> None:
         """What the next slabs look like: rows blocks for the learned layout and an output
         area when shapes vary; the next input arenas: room for the file sizes seen."""
         if self._slabs is not None:
-            out = self._cfg.batch_size * self._layout.out_bytes_per_sample()
+            out = self._batch_size * self._layout.out_bytes_per_sample()
             self._slabs.want(self._layout.sample, 0, out)
         if self._inputs is not None:
             self._inputs.want(None, self._sizes.arena_bytes(), 0)
@@ -172,11 +178,14 @@ class Engine:
         the others)."""
         building: deque[asyncio.Task[Batch]] = deque()
         todo = deque(plan.pending())
-        cfg = self._cfg
+        sampling, delivery = self._sampling, self._delivery
         # drop_last with skipping: batches that lost samples are topped up from the next ones.
         repack = (
-            Repacker(cfg.batch_size)
-            if cfg.drop_last and cfg.on_error == "skip" and cfg.ordered and cfg.collate is None
+            Repacker(sampling.batch_size)
+            if sampling.drop_last
+            and self.policy.on_error == "skip"
+            and delivery.ordered
+            and delivery.collate is None
             else None
         )
         try:
@@ -185,7 +194,9 @@ class Engine:
             # (its decodes then take the workers first: the trainer waits for it) and, while
             # the slabs' layout is unknown, a probe has taught it (they decode into rows),
             # unless the order is completion order: a slow probe holds back only its batch.
-            opening = Opening(self._slabs is not None and not self._layout.known, wait_for_layout=cfg.ordered)
+            opening = Opening(
+                self._slabs is not None and not self._layout.known, wait_for_layout=delivery.ordered
+            )
             first = True
             while todo or building:
                 while todo and len(building) < self.window:
@@ -194,7 +205,7 @@ class Engine:
                         task.add_done_callback(lambda _: opening.batch_done())
                         first = False
                     building.append(task)
-                if cfg.ordered:
+                if delivery.ordered:
                     task = building[0]
                     await task
                 else:
@@ -338,7 +349,7 @@ class Engine:
         sources: list[Source | None] = []
         total = 0
         got, fills, served = await read_through(
-            self.cache, self._reader, items, spans, arena, self._cfg.sample_timeout
+            self.cache, self._reader, items, spans, arena, self._failures.sample_timeout
         )
         for row, res, fill in zip(rows, got, fills, strict=True):
             if isinstance(res, SampleError):

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from aioloader.observe.stages import StageStats, utilization
-
-if TYPE_CHECKING:
-    from aioloader.config import LoaderConfig
 
 __all__ = ["Setup", "cluster_advice", "counted", "idle_advice", "stage_advice"]
 
@@ -36,17 +32,6 @@ class Setup:
     pin_memory: bool = False
     bridge_decodes: bool = False
     remote: bool = False
-
-    @classmethod
-    def of(cls, config: LoaderConfig, remote: bool) -> Setup:
-        """What runs in a loader of ``config`` (``remote``: it reads URLs)."""
-        return cls(
-            decode=config.decode is not None,
-            device=config.device.type,
-            pin_memory=config.pin_memory,
-            bridge_decodes=config.decodes_on_device,
-            remote=remote,
-        )
 
     @property
     def transfer(self) -> bool:

@@ -10,7 +10,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
 from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, Setup, counted, diagnose
 from aioloader.observe.cachestats import CacheStats
@@ -26,9 +26,6 @@ from aioloader.observe.wheredecoded import (
     add_loader_side,
     with_loader_side,
 )
-
-if TYPE_CHECKING:
-    from aioloader.config import LoaderConfig
 
 __all__ = ["WINDOW", "ClusterStats", "Counters", "DeviceDecodeStats", "LoaderSide", "LoaderStats"]
 
@@ -113,11 +110,14 @@ class Counters:
         self.ranks_on_node, self.cpus_per_rank = 1, 0
 
     @classmethod
-    def for_loader(cls, config: LoaderConfig, remote: bool) -> Counters:
-        """The counters of a loader of ``config`` (stage bounds from its settings); ``remote``:
-        its dataset is read from URLs (the bottleneck's advice differs)."""
-        counters = cls(config.io_concurrency, config.num_workers, Setup.of(config, remote))
-        counters.ranks_on_node, counters.cpus_per_rank = config.ranks_on_node, config.cpus_per_rank
+    def for_loader(
+        cls, io_concurrency: int, workers: int, setup: Setup, ranks_on_node: int, cpus_per_rank: int
+    ) -> Counters:
+        """The counters of a loader that starts with ``io_concurrency`` reads in flight and
+        ``workers`` decode processes, runs ``setup`` (the verdict judges only that), and was
+        given ``cpus_per_rank`` of the node's CPUs, shared by ``ranks_on_node`` processes."""
+        counters = cls(io_concurrency, workers, setup)
+        counters.ranks_on_node, counters.cpus_per_rank = ranks_on_node, cpus_per_rank
         return counters
 
     def begin_epoch(self, epoch: int) -> None:

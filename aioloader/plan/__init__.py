@@ -8,4 +8,5 @@ no processes (an import-linter contract keeps it so); tested without a loop.
 | ``epochs.py`` | which epoch the next iteration runs: ``set_epoch``, automatic epochs, a loaded state |
 | ``node.py`` | the ranks of one node (torchrun, srun): this rank's GPU and its part of the node's CPUs |
 | ``repack.py`` | full batches despite skipped samples (``drop_last`` with ``on_error="skip"``) |
+| ``settings.py`` | ``Sampling``: the sampling part's settings (batch size, order, seed, ranks), checked |
 """

@@ -12,22 +12,18 @@ state applies to its own epoch only, and only once: the iteration after it start
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aioloader.plan.resume import Progress, ResumePoint, plan_len
-
-if TYPE_CHECKING:  # the plan reads a config's fields: no I/O comes with it
-    from aioloader.config import LoaderConfig
+from aioloader.plan.settings import Sampling
 
 __all__ = ["Epochs"]
 
 
 class Epochs:
-    """The epoch of a loader over ``dataset_len`` samples with ``config``: the current (or
+    """The epoch of a loader over ``dataset_len`` samples with ``sampling``: the current (or
     next) one, the resume point waiting for it, and the progress of the last iteration."""
 
-    def __init__(self, config: LoaderConfig, dataset_len: int) -> None:
-        self._config = config
+    def __init__(self, sampling: Sampling, dataset_len: int) -> None:
+        self._sampling = sampling
         self._len = dataset_len
         #: The epoch of the current (or next) iteration.
         self.epoch = 0
@@ -53,7 +49,7 @@ class Epochs:
         self._chosen = False
         point = self._resume if self._resume is not None and self._resume.epoch == self.epoch else None
         self._resume = None
-        self._progress = Progress(self.epoch, plan_len(self._config, self._len, self.epoch, point), point)
+        self._progress = Progress(self.epoch, plan_len(self._sampling, self._len, self.epoch, point), point)
         return self._progress, point
 
     def progress(self, batches_per_epoch: int) -> Progress:
@@ -68,5 +64,5 @@ class Epochs:
         """The next iteration continues ``point``'s epoch where it stopped."""
         self._resume = point
         self.epoch, self._chosen = point.epoch, True
-        total = plan_len(self._config, self._len, point.epoch, point)
+        total = plan_len(self._sampling, self._len, point.epoch, point)
         self._progress = Progress(point.epoch, total, point)

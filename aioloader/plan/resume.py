@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aioloader.plan.sampler import (
     EpochPlan,
@@ -36,9 +36,7 @@ from aioloader.plan.sampler import (
     remainder_span,
     shard_size,
 )
-
-if TYPE_CHECKING:  # the plan reads a config's fields: no I/O comes with it
-    from aioloader.config import LoaderConfig
+from aioloader.plan.settings import Sampling
 
 __all__ = [
     "FORMAT",
@@ -55,6 +53,8 @@ FORMAT = "aioloader.state"
 VERSION = 1
 #: Settings that decide which sample is in which batch: a state must agree on all of them.
 _MUST_MATCH = ("dataset_len", "seed", "shuffle", "batch_size", "drop_last", "pad_shards")
+#: The sampling settings a state records (by :class:`~aioloader.plan.settings.Sampling`'s names).
+_SAMPLING = (*_MUST_MATCH[1:], "rank", "world_size")
 
 
 @dataclass(frozen=True)
@@ -99,20 +99,14 @@ class Progress:
 
 
 def make_state(
-    config: LoaderConfig, dataset_len: int, progress: Progress, stats: dict[str, Any]
+    sampling: Sampling, dataset_len: int, progress: Progress, stats: dict[str, Any]
 ) -> dict[str, Any]:
     """The state dict for ``progress`` (see the module docstring)."""
     return {
         "format": FORMAT,
         "version": VERSION,
         "dataset_len": dataset_len,
-        "seed": config.seed,
-        "shuffle": config.shuffle,
-        "batch_size": config.batch_size,
-        "drop_last": config.drop_last,
-        "rank": config.rank,
-        "world_size": config.world_size,
-        "pad_shards": config.pad_shards,
+        **{key: getattr(sampling, key) for key in _SAMPLING},
         "epoch": progress.epoch,
         "batches_done": progress.next,
         "batches_done_after": sorted(progress.after),
@@ -125,14 +119,14 @@ def make_state(
 
 
 def check_state(
-    state: object, config: LoaderConfig, dataset_len: int, *, allow_reshard: bool = False
+    state: object, sampling: Sampling, dataset_len: int, *, allow_reshard: bool = False
 ) -> ResumePoint:
     """The resume point of ``state`` for this loader, or ``ValueError`` saying what differs."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError("load_state_dict: not an aioloader state dict (no 'format': 'aioloader.state')")
     if state.get("version") != VERSION:
         raise ValueError(f"load_state_dict: state version {state.get('version')!r} is not supported")
-    ours = {"dataset_len": dataset_len, **{k: getattr(config, k) for k in _MUST_MATCH[1:]}}
+    ours = {"dataset_len": dataset_len, **{k: getattr(sampling, k) for k in _MUST_MATCH[1:]}}
     for key in _MUST_MATCH:
         if state.get(key) != ours[key]:
             raise ValueError(
@@ -144,11 +138,11 @@ def check_state(
     samples = int(state.get("samples_done", 0))
     old = state.get("resharded_from")
     base = None if old is None else (int(old["world_size"]), int(old["batches_done"]))
-    if state["world_size"] != config.world_size:
+    if state["world_size"] != sampling.world_size:
         if not allow_reshard:
             raise ValueError(
                 f"load_state_dict: the state was taken with world_size={state['world_size']}, this "
-                f"loader has world_size={config.world_size}; pass allow_reshard=True to spread the "
+                f"loader has world_size={sampling.world_size}; pass allow_reshard=True to spread the "
                 "rest of the epoch over the new ranks"
             )
         if done or base is not None:
@@ -161,29 +155,30 @@ def check_state(
                 )
             )
         return ResumePoint(epoch, 0, frozenset(), 0, (int(state["world_size"]), start))
-    if state["rank"] != config.rank:
+    if state["rank"] != sampling.rank:
         raise ValueError(
-            f"load_state_dict: the state is rank {state['rank']}'s, this loader is rank {config.rank}"
+            f"load_state_dict: the state is rank {state['rank']}'s, this loader is rank {sampling.rank}"
         )
     return ResumePoint(epoch, start, done, samples, base)
 
 
-def plan_for(config: LoaderConfig, dataset_len: int, epoch: int, resume: ResumePoint | None) -> EpochPlan:
+def plan_for(sampling: Sampling, dataset_len: int, epoch: int, resume: ResumePoint | None) -> EpochPlan:
     """The plan of ``epoch``: from its start, or from ``resume`` when that is this epoch's.
 
     It makes the epoch's order (:func:`~aioloader.plan.sampler.epoch_order`), once: only
     the runtime that produces the epoch's batches calls it, when the run starts (in the
     trainer's process, or in the loader process from ``(epoch, resume)``). Whoever needs
     only the plan's length asks :func:`plan_len`."""
+    rank, world_size = sampling.shard
     common: dict[str, Any] = {
-        "batch_size": config.batch_size,
-        "shuffle": config.shuffle,
-        "seed": config.seed,
+        "batch_size": sampling.batch_size,
+        "shuffle": sampling.shuffle,
+        "seed": sampling.seed,
         "epoch": epoch,
-        "drop_last": config.drop_last,
-        "rank": config.rank,
-        "world_size": config.world_size,
-        "pad": config.pad_shards,
+        "drop_last": sampling.drop_last,
+        "rank": rank,
+        "world_size": world_size,
+        "pad": sampling.pad_shards,
     }
     if resume is None or resume.epoch != epoch:
         return plan_epoch(dataset_len, **common)
@@ -196,20 +191,20 @@ def plan_for(config: LoaderConfig, dataset_len: int, epoch: int, resume: ResumeP
     return dataclasses.replace(plan, start=min(resume.start, len(plan)), done=resume.done)
 
 
-def plan_len(config: LoaderConfig, dataset_len: int, epoch: int, resume: ResumePoint | None) -> int:
-    """``len(plan_for(config, dataset_len, epoch, resume))``, from the sizes alone: no order
+def plan_len(sampling: Sampling, dataset_len: int, epoch: int, resume: ResumePoint | None) -> int:
+    """``len(plan_for(sampling, dataset_len, epoch, resume))``, from the sizes alone: no order
     is made (the trainer counts its progress in it; the plan itself is made where the
     batches are)."""
     n = dataset_len
     if resume is not None and resume.epoch == epoch and resume.base is not None:
         start, stop = remainder_span(
             dataset_len,
-            batch_size=config.batch_size,
-            drop_last=config.drop_last,
+            batch_size=sampling.batch_size,
+            drop_last=sampling.drop_last,
             old_world_size=resume.base[0],
             consumed_batches=resume.base[1],
-            pad=config.pad_shards,
+            pad=sampling.pad_shards,
         )
         n = stop - start
-    per_rank = shard_size(n, config.world_size, config.pad_shards)
-    return num_batches(per_rank, config.batch_size, config.drop_last)
+    per_rank = shard_size(n, sampling.shard[1], sampling.pad_shards)
+    return num_batches(per_rank, sampling.batch_size, sampling.drop_last)

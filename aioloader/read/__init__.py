@@ -15,4 +15,5 @@ threads, URLs on the event loop. Above
 | ``remote.py`` | URLs read: one client per protocol, fault classes, prefix listing |
 | ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, ``storage_options`` (S3's: as botocore's) |
 | ``backends.py`` | the clients: fsspec's async filesystems, obstore (loader process only), the choice |
+| ``settings.py`` | ``Reading``: the reading part's settings (reads in flight, ``read``, retries, storage) |
 """

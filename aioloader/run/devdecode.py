@@ -236,15 +236,16 @@ class DeviceDecode:
 
 
 def device_decode_for(
-    config: LoaderConfig, counters: Counters, policy: FailurePolicy | None = None
+    config: LoaderConfig, device: torch.device, counters: Counters, policy: FailurePolicy | None = None
 ) -> DeviceDecode | None:
-    """The bridge's device decode for a loader of ``config``, if its decoder asks for one;
+    """The bridge's device decode for a loader of ``config`` delivering on ``device`` (settled),
+    if its decoder asks for one;
     ``policy``: the loader's failure policy where it runs in this process (its engine's), or
     None for one of its own on the same ``counters`` (a loader process has the engine's)."""
-    decoder = config.decode
+    decoder = config.decoding.decode
     if not isinstance(decoder, ImageDecoder) or decoder.device is None:
         return None
     counters.device = DeviceDecodeStats()
     if policy is None:
-        policy = FailurePolicy(config.on_error, config.max_failures, counters)
-    return DeviceDecode(decoder, config.device, counters, policy)
+        policy = FailurePolicy(config.failures.on_error, config.failures.max_failures, counters)
+    return DeviceDecode(decoder, device, counters, policy)

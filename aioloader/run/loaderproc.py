@@ -51,7 +51,6 @@ from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
 from aioloader.errors import LoaderError
 from aioloader.memory.segments import Segment, choose_kind
-from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint, plan_for
 from aioloader.procs import roles, zygote
 from aioloader.read.urls import is_remote
@@ -159,7 +158,7 @@ class Host:
         self.config = config
         self.dataset = dataset
         self.send = send
-        self.counters = Counters.for_loader(config, is_remote(dataset.path(0)))
+        self.counters = config.counters(is_remote(dataset.path(0)))
         self.parts: Pipeline | None = None
         self.task: asyncio.Task[None] | None = None
         self.run_id = -1
@@ -173,7 +172,7 @@ class Host:
             kind = choose_kind()
         except LoaderError:  # a bad AIOLOADER_SLABS: the pipeline's build reports it
             kind = None
-        self.spills = SpillPool(kind, config.prefetch + 2) if kind is not None else None
+        self.spills = SpillPool(kind, config.delivery.prefetch + 2) if kind is not None else None
         self._sender = DaemonThreadPool(1, thread_name_prefix="aioloader-send")
 
     async def serve(self) -> None:
@@ -283,9 +282,9 @@ class Host:
         if restore is not None:
             self.counters.restore_failures(*restore)
         self.run_id = run_id
-        self.credits = asyncio.Semaphore(self.config.prefetch)
+        self.credits = asyncio.Semaphore(self.config.delivery.prefetch)
         # The one place a loader process's epoch plan is made: the trainer sent (epoch, resume).
-        plan = plan_for(self.config, len(self.dataset), epoch, resume)
+        plan = plan_for(self.config.sampling, len(self.dataset), epoch, resume)
         self.task = asyncio.get_running_loop().create_task(self._run(run_id, plan, self.credits))
 
     async def _stop_run(self) -> None:

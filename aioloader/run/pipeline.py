@@ -9,7 +9,6 @@ of their own does (:mod:`aioloader.run.loaderproc`, the default).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from aioloader.memory.segments import FDS_PER_SLAB, MEMFD, choose_kind
 from aioloader.memory.slabs import SlabPool
 from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stats import Counters
+from aioloader.read.backends import StorageBackend
 from aioloader.read.reader import FileReader
 from aioloader.read.routing import read_workers
 from aioloader.read.workers import ReadWorkers
@@ -75,15 +75,23 @@ def slabs_pooled(config: LoaderConfig, max_io: int | None = None) -> int:
     :func:`~aioloader.engine.epoch.pooled_slabs`); ``max_io`` defaults to the most ``io_concurrency`` may
     reach."""
     if max_io is None:
-        max_io = MAX_AUTO_IO if config.io_auto else config.io_concurrency
-    return pooled_slabs(max_io, config.batch_size, config.prefetch)
+        max_io = MAX_AUTO_IO if config.reading.io_auto else config.reading.io_start
+    return pooled_slabs(max_io, config.sampling.batch_size, config.delivery.prefetch)
+
+
+@dataclass(frozen=True)
+class IoLimits:
+    """The reads in flight a pipeline starts with (``start``) and the most ``"auto"`` may
+    reach (``most``), both within what the open-file limit leaves."""
+
+    start: int
+    most: int
 
 
 @dataclass
 class Pipeline:
     """One loader's loading parts (see the module docstring)."""
 
-    config: LoaderConfig
     engine: Engine
     reader: FileReader
     pool: DecodePool | None
@@ -121,20 +129,66 @@ class Pipeline:
 
 
 def build(
-    config: LoaderConfig, dataset: FileDataset, counters: Counters, trainer_pid: int | None = None
+    config: LoaderConfig,
+    dataset: FileDataset,
+    counters: Counters,
+    trainer_pid: int | None = None,
+    storage_backend: StorageBackend | None = None,
 ) -> Pipeline:
     """The parts for ``config`` (``io_concurrency`` lowered if the open-file limit needs
     it; with ``"auto"``, its range bounded by that limit); the decode pool's workers start
-    lazily, on the first batch. ``trainer_pid``: in a loader process, the trainer's.
+    lazily, on the first batch. ``trainer_pid``: in a loader process, the trainer's;
+    ``storage_backend``: the client of remote reads where it is not the build's.
     With ``decode_on="ray"`` it connects first: nothing is made if that fails (nor if a
     disk cache's folder cannot be used: checked before)."""
     cache = _sample_cache(config, counters)
     try:
-        return _assemble(config, dataset, counters, trainer_pid, cache)
+        return _assemble(
+            config, dataset, counters, trainer_pid, cache, storage_backend or config.build.storage_backend
+        )
     except BaseException:  # what it made it closed; the cache's threads go too
         if cache is not None:
             cache.close()
         raise
+
+
+@dataclass
+class _Decoders:
+    """What decodes, and the shared memory it decodes into (none of them with ``decode=None``)."""
+
+    pool: DecodePool | None = None
+    cluster: RaySession | None = None
+    slabs: SlabPool | None = None
+    inputs: SlabPool | None = None
+
+
+def _decoders(config: LoaderConfig, counters: Counters) -> tuple[_Decoders, IoLimits]:
+    """The Ray session (connected) or the decode pool (its workers not yet started), the
+    pools of slabs and arenas, and the reads in flight they are sized for."""
+    decode, batch_size, made = config.decoding.decode, config.sampling.batch_size, _Decoders()
+    if config.decoding.on_ray:
+        made.cluster = RaySession(config.build.sent["decode"], config.build.cluster_tasks)
+        made.cluster.start()
+        counters.meters["decode"].capacity = made.cluster.tasks
+        counters.meters["decode"].bound = made.cluster.bound
+    kind = choose_kind() if decode is not None else None
+    io = io_limits(config, counters, kind)
+    if decode is None:
+        return made, io
+    if made.cluster is None:
+        where = f"decode={decode!r}"
+        workers, restarts = config.build.workers, config.decoding.max_worker_restarts
+        made.pool = DecodePool(config.build.sent["decode"], workers, restarts, where)
+    if kind is None:  # every sample crosses the pipe, pickled
+        return made, io
+    if made.cluster is not None:
+        made.slabs = SlabPool(batch_size, 1, declared_layout(decode), kind)
+    else:
+        # Sized for the reads in flight now; the tuner moves it with them.
+        pooled = pooled_slabs(io.start, batch_size, config.delivery.prefetch)
+        made.slabs = SlabPool(batch_size, pooled, declared_layout(decode), kind)
+        made.inputs = SlabPool(batch_size, pooled_arenas(io.start, batch_size), None, kind)
+    return made, io
 
 
 def _assemble(
@@ -143,90 +197,97 @@ def _assemble(
     counters: Counters,
     trainer_pid: int | None,
     cache: SampleCache | None,
+    storage_backend: StorageBackend,
 ) -> Pipeline:
-    cluster = None
-    if config.decode_on == "ray":
-        cluster = RaySession(config.sent["decode"], config.cluster_tasks)
-        cluster.start()
-        counters.meters["decode"].capacity = cluster.tasks
-        counters.meters["decode"].bound = cluster.bound
-    kind = choose_kind() if config.decode is not None else None
-    config, max_io = _within_fd_limit(config, counters, kind)
-    pool = slabs = inputs = None
-    if config.decode is not None and cluster is not None:
-        if kind is not None:
-            slabs = SlabPool(config.batch_size, 1, declared_layout(config.decode), kind)
-    elif config.decode is not None:
-        pool = DecodePool(
-            config.sent["decode"], config.num_workers, config.max_worker_restarts, f"decode={config.decode!r}"
-        )
-        if kind is not None:  # else every sample crosses the pipe, pickled
-            # Sized for the reads in flight now; the tuner moves it with them.
-            pooled = pooled_slabs(config.io_concurrency, config.batch_size, config.prefetch)
-            slabs = SlabPool(config.batch_size, pooled, declared_layout(config.decode), kind)
-            arenas = pooled_arenas(config.io_concurrency, config.batch_size)
-            inputs = SlabPool(config.batch_size, arenas, None, kind)
+    made, io = _decoders(config, counters)
+    reading, decode = config.reading, config.decoding.decode
     n = read_workers(
-        config.num_workers,
-        config.cpus_per_rank,  # this rank's part of the node's CPUs
-        decoding=config.decode is not None,
-        own_read=config.read is None,
-        timeout=config.sample_timeout,
+        config.build.workers,
+        config.build.cpus_per_rank,  # this rank's part of the node's CPUs
+        decoding=decode is not None,
+        own_read=reading.read is None,
+        timeout=config.failures.sample_timeout,
     )
     workers = ReadWorkers(n) if n else None
     reader = FileReader(
-        config.io_concurrency,
-        config.read,
-        config.read_retries,
+        io.start,
+        reading.read,
+        reading.read_retries,
         on_retry=lambda path, exc: counters.retried(),
-        storage_options=config.storage_options,
-        storage_backend=config.storage_backend,
+        storage_options=reading.storage_options,
+        storage_backend=storage_backend,
         meter=counters.meters["read"],
-        max_io=max_io,
+        max_io=io.most,
         # Fast groups may read on the loop unless Ray tasks wait on it: a local decode pool
         # holds a chunk queued for each worker, so a group (4 ms at most) leaves none idle,
         # and a read thread's GIL hand-offs with the loop cost more than the read (the loader
         # process's CPU per image, RESULTS §24).
-        loop_free=cluster is None,
+        loop_free=made.cluster is None,
         workers=workers,
     )
     if cache is not None:
         cache.remote = reader.remote
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
     # The decode stage, chosen here once: the engine never asks which it is.
-    stage = decode_stage(config, dataset, counters, pool, cluster, collate_pool, (slabs, inputs))
-    engine = Engine(
-        config, dataset, reader, stage, slabs, collate_pool, counters, trainer_pid, inputs=inputs, cache=cache
+    parts = (config.sampling, config.reading, config.decoding, config.failures)
+    stage = decode_stage(
+        parts,
+        config.build.workers,
+        io.start,
+        dataset,
+        counters,
+        made.pool,
+        made.cluster,
+        collate_pool,
+        (made.slabs, made.inputs),
     )
-    if slabs is not None and cluster is not None:
-        slabs.set_pooled(pooled_slabs(engine.window * config.batch_size, config.batch_size, config.prefetch))
+    engine = Engine(
+        config.sampling,
+        config.delivery,
+        config.failures,
+        decode,
+        config.tuning(),
+        dataset,
+        reader,
+        stage,
+        made.slabs,
+        collate_pool,
+        counters,
+        trainer_pid,
+        inputs=made.inputs,
+        cache=cache,
+    )
+    if made.slabs is not None and made.cluster is not None:
+        batch_size = config.sampling.batch_size
+        made.slabs.set_pooled(pooled_slabs(engine.window * batch_size, batch_size, config.delivery.prefetch))
     if workers is not None:  # last: nothing after it can fail and leave them running
         workers.start()
-    return Pipeline(config, engine, reader, pool, slabs, collate_pool, cluster, inputs, cache)
+    return Pipeline(engine, reader, made.pool, made.slabs, collate_pool, made.cluster, made.inputs, cache)
 
 
-def _within_fd_limit(config: LoaderConfig, counters: Counters, kind: str | None) -> tuple[LoaderConfig, int]:
-    """``config`` with ``io_concurrency`` lowered to what the open-file limit leaves (a
-    WARNING when it is), and the most reads ``"auto"`` may reach."""
+def io_limits(config: LoaderConfig, counters: Counters, kind: str | None) -> IoLimits:
+    """The reads in flight to start with, lowered to what the open-file limit leaves (a
+    WARNING when it is), and the most ``"auto"`` may reach."""
     # memfd slabs hold a descriptor each: they share the open-file limit with the reads.
-    fds = (config.batch_size, config.prefetch, FDS_PER_SLAB) if kind == MEMFD else (0, 0, 0)
-    max_io = config.io_concurrency
-    if config.io_auto:
-        max_io = io_concurrency_for_fd_limit(MAX_AUTO_IO, config.num_workers, *fds)
-        config = dataclasses.replace(config, io_concurrency=min(config.io_concurrency, max_io))
-        counters.set_io_concurrency(config.io_concurrency)
-    io = io_concurrency_for_fd_limit(config.io_concurrency, config.num_workers, *fds)
-    if io < config.io_concurrency:
+    batch_size, prefetch, workers = config.sampling.batch_size, config.delivery.prefetch, config.build.workers
+    fds = (batch_size, prefetch, FDS_PER_SLAB) if kind == MEMFD else (0, 0, 0)
+    start = most = config.reading.io_start
+    if config.reading.io_auto:
+        most = io_concurrency_for_fd_limit(MAX_AUTO_IO, workers, *fds)
+        start = min(start, most)
+        counters.set_io_concurrency(start)
+    io = io_concurrency_for_fd_limit(start, workers, *fds)
+    if io < start:
         logger.warning(
             "io_concurrency=%d lowered to %d: the open-file limit (ulimit -n) is %d; raise it "
             "with `ulimit -n` for more reads in flight",
-            config.io_concurrency,
+            start,
             io,
             _fd_soft_limit(),
         )
-        config = dataclasses.replace(config, io_concurrency=io)
+        start = io
         counters.set_io_concurrency(io)
-    return config, max_io
+    return IoLimits(start, most)
 
 
 def _sample_cache(config: LoaderConfig, counters: Counters) -> SampleCache | None:
@@ -234,12 +295,13 @@ def _sample_cache(config: LoaderConfig, counters: Counters) -> SampleCache | Non
     a :class:`LoaderError` naming the folder of a disk cache that cannot be used."""
     if config.cache is None:
         return None
+    timeout = config.failures.sample_timeout
 
     def publish(stats: CacheStats) -> None:
         counters.cache = stats
 
     try:
         bound = resolved_bound(config.cache, available_memory())
-        return SampleCache(config.cache, bound, config.sample_timeout, publish)
+        return SampleCache(config.cache, bound, timeout, publish)
     except OSError as exc:
         raise LoaderError(f"cache directory {str(config.cache.folder)!r} cannot be used: {exc}") from None

@@ -25,6 +25,8 @@ from multiprocessing import connection, resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
+
 from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
 from aioloader.config import LoaderConfig
@@ -229,7 +231,9 @@ class PipeRun:
 class ProcessRuntime(runtime.RuntimeBase):
     """A started loader whose pipeline runs in a loader process (see the module)."""
 
-    def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
+    def _start(
+        self, config: LoaderConfig, device: torch.device, dataset: FileDataset, counters: Counters
+    ) -> None:
         ctx = zygote.context()
         where = zygote.address()
         if ctx is None or where is None:
@@ -269,9 +273,9 @@ class ProcessRuntime(runtime.RuntimeBase):
         self.channel = _Channel(conn, back_w, counters, slabs_pooled(config) + 8)
         try:
             self._wait_ready()
-            self.copier = DeviceCopier(config.device, config.pin_memory)
+            self.copier = DeviceCopier(device, bool(config.delivery.pin_memory))
             self.bridge = Bridge(
-                self.copier, counters.meters["transfer"], device_decode_for(config, counters)
+                self.copier, counters.meters["transfer"], device_decode_for(config, device, counters)
             )
             # The slabs' mappings are made on the bridge thread, and page-locked there once.
             self.channel.maps.pins = self.copier.pins

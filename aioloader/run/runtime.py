@@ -19,6 +19,8 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any, Protocol, TypeVar
 
+import torch
+
 from aioloader.base.threads import thread_cpu_clock
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
@@ -134,14 +136,16 @@ class RuntimeBase(abc.ABC):
     owner_pid: int
     run: Any
 
-    def __init__(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
+    def __init__(
+        self, config: LoaderConfig, device: torch.device, dataset: FileDataset, counters: Counters
+    ) -> None:
         roles.refuse_loader_here()  # a decode or collate making a loader: say so, never hang
         self.owner_pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
         gcfreeze.hold()  # before the zygote's fork, which then shares the frozen pages
         try:
-            self._start(config, dataset, counters)
+            self._start(config, device, dataset, counters)
         except BaseException:
             gcfreeze.release()
             raise
@@ -151,8 +155,11 @@ class RuntimeBase(abc.ABC):
         sigterm.hold(_shutdown_all_now)
 
     @abc.abstractmethod
-    def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
-        """Start the threads and processes; sets ``config``, ``copier`` and ``run``."""
+    def _start(
+        self, config: LoaderConfig, device: torch.device, dataset: FileDataset, counters: Counters
+    ) -> None:
+        """Start the threads and processes, delivering on ``device`` (settled); sets
+        ``config``, ``copier`` and ``run``."""
 
     @abc.abstractmethod
     def _stop_all(self, run: Any, grace: float) -> None:
@@ -195,15 +202,20 @@ class RuntimeBase(abc.ABC):
 class Runtime(RuntimeBase):
     """The started loader: threads, processes and the engine, for one loader's lifetime."""
 
-    def _start(self, config: LoaderConfig, dataset: FileDataset, counters: Counters) -> None:
-        self.parts = pipeline.build(config, dataset, counters)
-        self.config = self.parts.config
+    def _start(
+        self, config: LoaderConfig, device: torch.device, dataset: FileDataset, counters: Counters
+    ) -> None:
+        # Meant for a loader process but run here (no zygote): fsspec reads, since obstore's
+        # runtime would outlive close() in this process (aioloader/read/backends.py).
+        backend = config.build.storage_backend if config.build.start_in == "thread" else "fsspec"
+        self.parts = pipeline.build(config, dataset, counters, storage_backend=backend)
+        self.config = config
         self.dataset_len = len(dataset)
         self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
         counters.loop.bind(thread_cpu_clock(self.loop_thread.thread))  # the verdict's "loop" stage
-        self.copier = DeviceCopier(config.device, config.pin_memory)
-        finish = device_decode_for(config, counters, self.engine.policy)  # one policy for both
+        self.copier = DeviceCopier(device, bool(config.delivery.pin_memory))
+        finish = device_decode_for(config, device, counters, self.engine.policy)  # one policy for both
         self.bridge = Bridge(self.copier, counters.meters["transfer"], finish)
         self.run: Run | None = None
 
@@ -214,12 +226,12 @@ class Runtime(RuntimeBase):
         """Cancel the current run, if any, and start producing ``epoch`` from ``resume`` (its
         start when None; does not block). The epoch's plan is made here, once: this process
         produces its batches."""
-        plan = plan_for(self.config, self.dataset_len, epoch, resume)
+        plan = plan_for(self.config.sampling, self.dataset_len, epoch, resume)
         with self._lock:
             if self.run is not None:
                 self.run.cancel()
             loop = self.loop_thread.loop
-            run = Run(loop, self.config.prefetch)
+            run = Run(loop, self.config.delivery.prefetch)
 
             def begin() -> None:
                 if not run.cancelled:

@@ -7,7 +7,6 @@ silent under ``"auto"`` (a DEBUG line); ``loader_process=True`` warns, saying wh
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 
@@ -21,7 +20,7 @@ from aioloader.plan.node import node_ranks, rank_gpu
 from aioloader.run.procruntime import NoZygote, ProcessRuntime
 from aioloader.run.runtime import Runtime
 
-__all__ = ["NO_ZYGOTE", "settle_device", "settled", "start_runtime"]
+__all__ = ["NO_ZYGOTE", "settle_device", "start_runtime"]
 
 logger = logging.getLogger("aioloader")
 
@@ -32,36 +31,37 @@ NO_ZYGOTE = (
 )
 
 
-def start_runtime(config: LoaderConfig, dataset: FileDataset, counters: Counters) -> Runtime | ProcessRuntime:
-    """The started runtime ``config`` asks for (see the module docstring)."""
-    if config.start_in == "process":
+def start_runtime(
+    config: LoaderConfig, device: torch.device, dataset: FileDataset, counters: Counters
+) -> Runtime | ProcessRuntime:
+    """The started runtime ``config`` asks for (see the module docstring), delivering on
+    ``device`` (settled: :func:`settle_device`)."""
+    if config.build.start_in == "process":
         try:
-            return ProcessRuntime(config, dataset, counters)
+            return ProcessRuntime(config, device, dataset, counters)
         except NoZygote:
-            if config.loader_process == "auto":
+            if config.delivery.loader_process == "auto":
                 logger.debug("loader_process='auto': %s", NO_ZYGOTE)
             else:
                 logger.warning("loader_process=True: %s", NO_ZYGOTE)
-            if config.storage_backend == "obstore":  # asked for by name: say it is not used
+            if config.build.storage_backend == "obstore":  # asked for by name: say it is not used
                 logger.warning("storage_backend='obstore' needs a loader process: reading with fsspec")
-            # obstore's runtime would outlive close() here (aioloader/read/backends.py)
-            config = dataclasses.replace(config, storage_backend="fsspec")
-    return Runtime(config, dataset, counters)
+    return Runtime(config, device, dataset, counters)
 
 
 def settle_device(config: LoaderConfig) -> torch.device:
-    """``config.device`` with its index: as given (``"cpu"``, ``"cuda:N"``), else, for
-    ``"cuda"``, the index an ``ImageDecoder(device="cuda:N")`` names, else this rank's GPU
+    """The device a loader of ``config`` delivers on: as given (``"cpu"``, ``"cuda:N"``), else,
+    for ``"cuda"``, the index an ``ImageDecoder(device="cuda:N")`` names, else this rank's GPU
     (:func:`aioloader.plan.node.rank_gpu`: the current device if the user set one, else the
     local rank's; a WARNING where two ranks of the node would deliver to one GPU).
 
     Called on the thread that starts the loader, before any other: CUDA's current device is
     a thread's own. Only an initialised CUDA can have had a device set, so an uninitialised
     one is not initialised here to ask (current device 0)."""
-    device = config.device
+    device = config.delivery.target
     if device.type != "cuda" or device.index is not None:
         return device
-    named = device_of(config.decode)
+    named = device_of(config.decoding.decode)
     if named is not None and torch.device(named).index is not None:
         return torch.device(named)
     current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
@@ -70,9 +70,3 @@ def settle_device(config: LoaderConfig) -> torch.device:
     if warning is not None:
         logger.warning(warning)
     return torch.device("cuda", index)
-
-
-def settled(config: LoaderConfig) -> LoaderConfig:
-    """``config`` with its device settled (:func:`settle_device`); once settled, it stays:
-    ``async with`` settles it on the caller's thread, then starts the loader on another."""
-    return dataclasses.replace(config, device=settle_device(config))

@@ -17,9 +17,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from aioloader.base.cgmemory import available_memory
-from aioloader.config import LoaderConfig
 from aioloader.decode.contract import DecodeStageLike
 from aioloader.observe.stages import StageMeter, StageStats
 from aioloader.read.reader import FileReader
@@ -32,7 +32,7 @@ from aioloader.tune.rules import (
     process_cpu_seconds,
 )
 
-__all__ = ["CPU_TICKS", "MAX_AUTO_IO", "TICK", "Tuner", "io_floor", "memory_budget", "trainer_pids"]
+__all__ = ["CPU_TICKS", "MAX_AUTO_IO", "TICK", "Tuner", "Tuning", "io_floor", "memory_budget", "trainer_pids"]
 
 log = logging.getLogger("aioloader")
 
@@ -44,6 +44,19 @@ CPU_TICKS = 4
 MAX_AUTO_IO = 1024
 #: Longest a tick waits for :data:`~aioloader.tune.rules.MIN_READS` reads before it is judged anyway.
 LONGEST_WINDOW = 5.0
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What the tuner moves, for a loader with ``"auto"`` settings: the reads in flight
+    (``io``), the decoders at work (``decoders``, of ``workers`` processes started, leaving the
+    trainer its share of this rank's ``cpus``), for batches of ``batch_size`` samples."""
+
+    batch_size: int
+    workers: int
+    cpus: int
+    io: bool
+    decoders: bool
 
 
 def memory_budget() -> int:
@@ -72,7 +85,7 @@ class Tuner:
 
     def __init__(
         self,
-        config: LoaderConfig,
+        tuning: Tuning,
         reader: FileReader,
         decoder: DecodeStageLike | None,
         meters: dict[str, StageMeter],
@@ -88,20 +101,20 @@ class Tuner:
         self._clock, self._cpu_seconds = clock, cpu_seconds
         self._reader, self._decoder = reader, decoder
         self._read, self._decode = meters["read"], meters["decode"]
-        self._batch_size = config.batch_size
+        self._batch_size = tuning.batch_size
         self._bytes_per_sample, self._budget = bytes_per_sample, memory_budget
         self._pids = tuple(trainer_pids)
         self._on_io = on_io
         self.io: IoTuner | None = None
-        if config.io_auto:
-            lo = min(reader.max_io, io_floor(config.batch_size, config.num_workers, chunk))
+        if tuning.io:
+            lo = min(reader.max_io, io_floor(tuning.batch_size, tuning.workers, chunk))
             self.io = IoTuner(reader.io_concurrency, lo, reader.max_io)
             reader.set_limit(self.io.limit)
             if on_io is not None:
                 on_io(self.io.limit)
         self.workers: WorkerTuner | None = None
-        if config.workers_auto and decoder is not None:
-            self.workers = WorkerTuner(config.num_workers, config.cpus_per_rank)
+        if tuning.decoders and decoder is not None:
+            self.workers = WorkerTuner(tuning.workers, tuning.cpus)
 
     async def run(self) -> None:
         """Tune until cancelled (at the end of the epoch's production)."""
