@@ -48,22 +48,9 @@ def decode_stage(
     ``local``: the thread a decoder that declares ``hot_start`` may also run on while the
     workers boot; ``slabs``: the pools of the slabs and arenas the workers map (they are
     told which were closed lately, :func:`closed_slabs`)."""
-    sampling, reading, decoding, failures = parts
+    sampling, _, decoding, failures = parts
     if cluster is not None:
-        return RayDecodeStage(
-            cluster,
-            chunk=cluster_chunk(sampling.batch_size, cluster.tasks),
-            # The tasks read the dataset's URLs themselves (not a custom read, nor byte
-            # ranges of a file); local files cross as bytes, not through a slab's arena.
-            reads_urls=reading.read is None and not dataset.has_spans,
-            seed=sampling.seed,
-            sample_timeout=failures.sample_timeout,
-            read_retries=reading.read_retries,
-            storage_options=reading.storage_options,
-            io_concurrency=io_concurrency,
-            path_of=dataset.path,
-            counters=counters,
-        )
+        return _ray_stage(parts, io_concurrency, dataset, counters, cluster)
     if pool is None:
         return None
     decode = decoding.decode
@@ -97,6 +84,30 @@ def decode_stage(
             wait=counters.trainer_wait,
         )
     return stage
+
+
+def _ray_stage(
+    parts: tuple[Sampling, Reading, Decoding, Failures],
+    io_concurrency: int,
+    dataset: FileDataset,
+    counters: Counters,
+    cluster: RaySession,
+) -> RayDecodeStage:
+    sampling, reading, _, failures = parts
+    return RayDecodeStage(
+        cluster,
+        chunk=cluster_chunk(sampling.batch_size, cluster.tasks),
+        # The tasks read the dataset's URLs themselves (not a custom read, nor byte
+        # ranges of a file); local files cross as bytes, not through a slab's arena.
+        reads_urls=reading.read is None and not dataset.has_spans,
+        seed=sampling.seed,
+        sample_timeout=failures.sample_timeout,
+        read_retries=reading.read_retries,
+        storage_options=reading.storage_options,
+        io_concurrency=io_concurrency,
+        path_of=dataset.path,
+        counters=counters,
+    )
 
 
 def closed_slabs(*pools: SlabPool | None) -> Callable[[], tuple[str, ...]]:

@@ -200,31 +200,7 @@ def _assemble(
     storage_backend: StorageBackend,
 ) -> Pipeline:
     made, io = _decoders(config, counters)
-    reading, decode = config.reading, config.decoding.decode
-    n = read_workers(
-        config.build.workers,
-        config.build.cpus_per_rank,  # this rank's part of the node's CPUs
-        decoding=decode is not None,
-        own_read=reading.read is None,
-        timeout=config.failures.sample_timeout,
-    )
-    workers = ReadWorkers(n) if n else None
-    reader = FileReader(
-        io.start,
-        reading.read,
-        reading.read_retries,
-        on_retry=lambda path, exc: counters.retried(),
-        storage_options=reading.storage_options,
-        storage_backend=storage_backend,
-        meter=counters.meters["read"],
-        max_io=io.most,
-        # Fast groups may read on the loop unless Ray tasks wait on it: a local decode pool
-        # holds a chunk queued for each worker, so a group (4 ms at most) leaves none idle,
-        # and a read thread's GIL hand-offs with the loop cost more than the read (the loader
-        # process's CPU per image, RESULTS §24).
-        loop_free=made.cluster is None,
-        workers=workers,
-    )
+    reader = _reader(config, counters, io, storage_backend, loop_free=made.cluster is None)
     if cache is not None:
         cache.remote = reader.remote
     collate_pool = ThreadPoolExecutor(1, thread_name_prefix="aioloader-collate")
@@ -245,7 +221,7 @@ def _assemble(
         config.sampling,
         config.delivery,
         config.failures,
-        decode,
+        config.decoding.decode,
         config.tuning(),
         dataset,
         reader,
@@ -260,9 +236,39 @@ def _assemble(
     if made.slabs is not None and made.cluster is not None:
         batch_size = config.sampling.batch_size
         made.slabs.set_pooled(pooled_slabs(engine.window * batch_size, batch_size, config.delivery.prefetch))
-    if workers is not None:  # last: nothing after it can fail and leave them running
-        workers.start()
+    if reader.groups.workers is not None:  # last: nothing after it can fail and leave them running
+        reader.groups.workers.start()
     return Pipeline(engine, reader, made.pool, made.slabs, collate_pool, made.cluster, made.inputs, cache)
+
+
+def _reader(
+    config: LoaderConfig, counters: Counters, io: IoLimits, storage_backend: StorageBackend, loop_free: bool
+) -> FileReader:
+    """The reader, with the reader processes ``decode=None`` may use (not started yet)."""
+    reading, decode = config.reading, config.decoding.decode
+    n = read_workers(
+        config.build.workers,
+        config.build.cpus_per_rank,  # this rank's part of the node's CPUs
+        decoding=decode is not None,
+        own_read=reading.read is None,
+        timeout=config.failures.sample_timeout,
+    )
+    return FileReader(
+        io.start,
+        reading.read,
+        reading.read_retries,
+        on_retry=lambda path, exc: counters.retried(),
+        storage_options=reading.storage_options,
+        storage_backend=storage_backend,
+        meter=counters.meters["read"],
+        max_io=io.most,
+        # Fast groups may read on the loop unless Ray tasks wait on it: a local decode pool
+        # holds a chunk queued for each worker, so a group (4 ms at most) leaves none idle,
+        # and a read thread's GIL hand-offs with the loop cost more than the read (the loader
+        # process's CPU per image, RESULTS §24).
+        loop_free=loop_free,
+        workers=ReadWorkers(n) if n else None,
+    )
 
 
 def io_limits(config: LoaderConfig, counters: Counters, kind: str | None) -> IoLimits:
