@@ -3,7 +3,7 @@ device decode's loader side (its bridge side is ``run/devdecode.py``).
 
 | module | role |
 | --- | --- |
-| ``contract.py`` | what the engine and the tuner ask of any decode stage: ``DecodeStageLike`` |
+| ``contract.py`` | what the engine and the tuner ask of any stage: ``DecodeStageLike``, ``DecodeRequest`` |
 | ``stage.py`` | the local stage the engine awaits: slots, hot start, timeouts, crashes, resubmission |
 | ``faults.py`` | pure: what a worker's death makes of each row in flight: again, timed out, poison |
 | ``protocol.py`` | what crosses to a worker: the ``Chunk`` task |
