@@ -19,7 +19,7 @@ from typing import Any, Literal, cast
 import torch
 
 from aioloader.cache.settings import Cache
-from aioloader.decode.image import device_of
+from aioloader.decode.ondevice import decodes_on_device, device_of
 
 __all__ = [
     "check_cache",
@@ -262,7 +262,7 @@ def check_cache(cache: object, decode: object, on_ray: bool) -> Cache | None:
             else "decode_on='ray'"
             if on_ray
             else f"{decode!r}, which decodes on the device"
-            if device_of(decode) is not None
+            if decodes_on_device(decode)
             else None
         )
         if why is not None:

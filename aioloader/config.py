@@ -46,7 +46,7 @@ from aioloader.base import sendable
 from aioloader.base.cpus import cpu_quota
 from aioloader.base.semnames import import_loky_cpu_count
 from aioloader.cache.settings import Cache
-from aioloader.decode.image import device_of
+from aioloader.decode.ondevice import decodes_on_device
 from aioloader.plan.node import cpus_per_rank, node_ranks
 from aioloader.read.backends import StorageBackend, resolve
 
@@ -191,7 +191,7 @@ class LoaderConfig:
     @property
     def decodes_on_device(self) -> bool:
         """``ImageDecoder(device=...)``: the bridging thread decodes each batch on the device."""
-        return device_of(self.decode) is not None
+        return decodes_on_device(self.decode)
 
     @classmethod
     def create(cls, remote: bool = False, **given: object) -> LoaderConfig:

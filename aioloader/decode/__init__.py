@@ -1,5 +1,5 @@
 """Stage 3, decoding, in one place: the worker processes and what crosses to them, and the
-device decode's loader side (its bridge side is ``run/devdecode.py``).
+device decode (both its sides, in ``ondevice/``).
 
 | module | role |
 | --- | --- |
@@ -10,7 +10,7 @@ device decode's loader side (its bridge side is ``run/devdecode.py``).
 | ``worker.py`` | inside a worker: the installed ``decode``, ``sample_rng``, its lifeline |
 | ``pool.py`` | the worker processes: forkserver start in the background, crash recovery, bounded shutdown |
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |
-| ``ondevice.py`` | ``ImageDecoder(device=...)``'s stage: what the GPU decodes, what the CPU, the windows |
+| ``ondevice/`` | ``ImageDecoder(device=...)``: its loader side, its bridge side, ``decodes_on_device`` |
 | ``jpeg.py`` | pure: a JPEG's frame header, and whether the device takes it |
 | ``hybrid.py`` | pure: the CPU workers' share of each batch beside the GPU, steered by the trainer's wait |
 | ``encoded.py`` | encoded images and the half-decoded batch that crosses to the bridge, with its plan |

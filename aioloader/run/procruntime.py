@@ -34,8 +34,7 @@ from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint
 from aioloader.procs import roles, zygote
 from aioloader.run import loaderproc, runtime, wire
-from aioloader.run.bridge import Bridge
-from aioloader.run.devdecode import device_decode_for
+from aioloader.run.bridge import Bridge, device_decode_for
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
 from aioloader.run.pipeline import slabs_pooled

@@ -1,9 +1,10 @@
 """The device decode's stage in the loader: which samples the GPU decodes, which the CPU.
 
 ``ImageDecoder(device="cuda")``: the loader does not decode the JPEGs the GPU takes; it
-sends their bytes, with the crop window drawn for each, to the bridging thread, which decodes
-the batch on the device (:mod:`aioloader.run.devdecode`). :class:`DeviceDecodeStage` wraps
-the local pool's stage (:class:`~aioloader.decode.stage.DecodeStage`) and, per chunk:
+sends their bytes, with the crop window drawn for each, to the bridging thread, which
+decodes the batch on the device (:mod:`aioloader.decode.ondevice.bridgeside`).
+:class:`DeviceDecodeStage` wraps the local pool's stage
+(:class:`~aioloader.decode.stage.DecodeStage`) and, per chunk:
 
 1. screens each sample's first bytes and its last (:mod:`aioloader.decode.jpeg`): what the
    device cannot take, and a JPEG cut short, go to the CPU workers (counted by reason);

@@ -33,24 +33,26 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from aioloader.base.items import Batch, End, Failure, Item
-from aioloader.config import LoaderConfig
 from aioloader.decode.batchdec import BatchDecoder, batch_decoder_for
 from aioloader.decode.encoded import EncodedBatch
 from aioloader.decode.image import ImageDecoder
 from aioloader.decode.resize import resize_batch
-from aioloader.engine.failures import FailurePolicy
 from aioloader.errors import DecodeError, LoaderError
-from aioloader.observe.stats import Counters, DeviceDecodeStats
-from aioloader.run.decodeahead import DecodeAhead
-from aioloader.run.device import DeviceCopier
+from aioloader.observe.stats import Counters
 
-__all__ = ["DeviceDecode", "Started", "device_decode_for"]
+if TYPE_CHECKING:
+    # The wings above decode/ that make and drive a DeviceDecode: named here for the types
+    # alone (run/bridge.py makes it, with the engine's failure policy, and its threads).
+    from aioloader.engine.failures import FailurePolicy
+    from aioloader.run.device import DeviceCopier
+
+__all__ = ["DeviceDecode", "Started"]
 
 
 @dataclass
@@ -111,11 +113,9 @@ class DeviceDecode:
             self.batch.close()
             self.batch = None
 
-    def ahead(self, run: Any) -> DecodeAhead:
-        """``run`` served through a decode thread one batch ahead of the bridge."""
-        return DecodeAhead(run, self.begin, self._bind)
-
-    def _bind(self) -> None:
+    def bind(self) -> None:
+        """On the decode thread (:mod:`aioloader.run.decodeahead`), as it starts: its CUDA
+        device made the decoder's."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
@@ -233,18 +233,3 @@ class DeviceDecode:
         except LoaderError as exc:
             return Failure(exc)
         return item
-
-
-def device_decode_for(
-    config: LoaderConfig, counters: Counters, policy: FailurePolicy | None = None
-) -> DeviceDecode | None:
-    """The bridge's device decode for a loader of ``config``, if its decoder asks for one;
-    ``policy``: the loader's failure policy where it runs in this process (its engine's), or
-    None for one of its own on the same ``counters`` (a loader process has the engine's)."""
-    decoder = config.decode
-    if not isinstance(decoder, ImageDecoder) or decoder.device is None:
-        return None
-    counters.device = DeviceDecodeStats()
-    if policy is None:
-        policy = FailurePolicy(config.on_error, config.max_failures, counters)
-    return DeviceDecode(decoder, config.device, counters, policy)
