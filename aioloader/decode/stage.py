@@ -26,10 +26,10 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from aioloader.decode.chunk import Chunk
 from aioloader.decode.contract import DecodeRequest, Outcome
 from aioloader.decode.faults import sort_out
 from aioloader.decode.pool import DecodePool
-from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import NotLoaded, decode_chunk
 from aioloader.errors import DecodeError, LoaderError
 from aioloader.memory.results import Failed, RowResult, Shrunk
