@@ -26,7 +26,7 @@ from aioloader.base import sendable
 from aioloader.base.cpus import cpu_quota
 from aioloader.base.semnames import import_loky_cpu_count
 from aioloader.cache.settings import Cache
-from aioloader.decode.image import device_of
+from aioloader.decode.ondevice import decodes_on_device, device_of
 from aioloader.decode.settings import Decoding
 from aioloader.engine.settings import Delivery, LoaderProcess
 from aioloader.plan.node import cpus_per_rank, node_ranks
@@ -165,7 +165,7 @@ def check_cache(cache: object, decode: object, on_ray: bool) -> Cache | None:
             else "decode_on='ray'"
             if on_ray
             else f"{decode!r}, which decodes on the device"
-            if device_of(decode) is not None
+            if decodes_on_device(decode)
             else None
         )
         if why is not None:

@@ -37,7 +37,7 @@ from typing import Any
 from aioloader.base import sendable
 from aioloader.build import Build, Where, check_together, choose_runtime, decide, send_decode, usable_cpus
 from aioloader.cache.settings import Cache
-from aioloader.decode.image import device_of
+from aioloader.decode.ondevice import decodes_on_device
 from aioloader.decode.settings import Decoding
 from aioloader.engine.settings import Delivery, Failures, resolve_device
 from aioloader.observe.bottleneck import Setup
@@ -107,7 +107,7 @@ class LoaderConfig:
             decode=decode is not None,
             device=self.delivery.target.type,
             pin_memory=bool(self.delivery.pin_memory),
-            bridge_decodes=device_of(decode) is not None,
+            bridge_decodes=decodes_on_device(decode),
             remote=remote,
         )
 

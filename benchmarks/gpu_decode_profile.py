@@ -4,11 +4,11 @@ the plan made on the loader's side, the decode thread's decode into a padded buf
 bridge's batched resize and its whole per-batch finish. GPU only: skips cleanly (exit 0, one
 line) without CUDA or nvImageCodec; asserts nothing about time.
 
-The path measured (see ``aioloader/run/devdecode.py``): in the loader process the collate,
-``EncodedBatch.of``, makes Pillow's fixed-point taps for the whole batch
-(``aioloader.decode.taps.plan_batch``); on the trainer's side a decode thread, a batch ahead,
-has nvImageCodec decode the batch into one padded ``(G, Hmax, Wmax, 3)`` ``uint8`` tensor
-PyTorch allocated (``NvImageCodecDecoder.decode``), and the bridging thread
+The path measured (see ``aioloader/decode/ondevice/bridgeside.py``): in the loader process
+the collate, ``EncodedBatch.of``, makes Pillow's fixed-point taps for the whole batch
+(``aioloader.decode.taps.plan_batch``); on the trainer's side a decode thread, a batch
+ahead, has nvImageCodec decode the batch into one padded ``(G, Hmax, Wmax, 3)`` ``uint8``
+tensor PyTorch allocated (``NvImageCodecDecoder.decode``), and the bridging thread
 (``DeviceDecode.finish``) copies the taps and resizes every image at once
 (``aioloader.decode.resize.resize_batch``: a few operations, two batched products).
 
@@ -119,7 +119,7 @@ def make_jpegs(n: int, seed: int = 0, size: tuple[int, int] = SIZE, quality: int
 def draw_windows(datas: Sequence[bytes], decoder: Any, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """``(boxes (n, 4), flips (n,))`` drawn as the loader's device stage draws them."""
     from aioloader.decode.jpeg import jpeg_header
-    from aioloader.decode.ondevice import sample_generator
+    from aioloader.decode.ondevice.loaderside import sample_generator
 
     boxes, flips = [], []
     for i, data in enumerate(datas):
@@ -424,11 +424,11 @@ def run(args: argparse.Namespace, nv: Any, device: Any, stream: Any, sync: Calla
     from aioloader import ImageDecoder
     from aioloader.decode.encoded import EncodedBatch
     from aioloader.decode.nvimgcodec import NvImageCodecDecoder
+    from aioloader.decode.ondevice.bridgeside import DeviceDecode
     from aioloader.decode.resize import resize_batch
     from aioloader.decode.taps import plan_batch
     from aioloader.engine.failures import FailurePolicy
     from aioloader.observe.stats import Counters, DeviceDecodeStats
-    from aioloader.run.devdecode import DeviceDecode
     from aioloader.run.device import DeviceCopier
 
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ from aioloader.cache.diskstore import BAD, DiskStore
 from aioloader.cache.entries import HEADER, MAGIC, check, crc_ok, entry_key, header, relpath
 from aioloader.cache.memstore import REGION, MemoryStore
 from aioloader.cache.settings import FORMAT, resolved_bound
-from aioloader.decode.protocol import Chunk
+from aioloader.decode.chunk import Chunk
 from aioloader.decode.shrink import shrink, target_size
 from aioloader.decode.worker import decode_chunk
 from aioloader.memory.results import Pickled, Shrunk, Source

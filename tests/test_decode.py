@@ -21,7 +21,7 @@ from PIL import Image, ImageFile, JpegImagePlugin, UnidentifiedImageError
 
 from aioloader import ImageDecoder
 from aioloader.decode import worker as _worker
-from aioloader.decode.protocol import Chunk
+from aioloader.decode.chunk import Chunk
 from aioloader.memory.results import Pickled
 from aioloader.synthetic import make_image
 

@@ -14,7 +14,7 @@ import pytest
 import aioloader
 from aioloader.base.items import Batch, End, Failure, Item
 from aioloader.decode.batchdec import PillowBatchDecoder
-from aioloader.run import devdecode
+from aioloader.decode.ondevice import bridgeside
 from aioloader.run.decodeahead import DecodeAhead
 from aioloader.run.handoff import Handoff
 from aioloader.synthetic import make_image_folder
@@ -113,7 +113,7 @@ def test_the_next_batch_decodes_while_the_bridge_finishes_this_one(
     decoded: list[int] = []
     second = threading.Event()
     real_decode = PillowBatchDecoder.decode
-    real_resize = devdecode.resize_batch
+    real_resize = bridgeside.resize_batch
 
     def decode(self: PillowBatchDecoder, datas: Any, *args: Any) -> list[int]:
         decoded.append(len(datas))
@@ -127,7 +127,7 @@ def test_the_next_batch_decodes_while_the_bridge_finishes_this_one(
         return real_resize(*args, **kw)
 
     monkeypatch.setattr(PillowBatchDecoder, "decode", decode)
-    monkeypatch.setattr(devdecode, "resize_batch", resize)
+    monkeypatch.setattr(bridgeside, "resize_batch", resize)
     dec = aioloader.ImageDecoder(32, device="cpu")
     loader = aioloader.Loader(
         aioloader.FileDataset.from_folder(root),

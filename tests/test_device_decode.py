@@ -24,10 +24,10 @@ import aioloader
 from aioloader import DecodeError, FileDataset, Loader, LoaderError, SampleError
 from aioloader.arguments import check_device_decode
 from aioloader.collate import default_collate
-from aioloader.decode import ondevice
 from aioloader.decode.encoded import EncodedBatch, EncodedImage
 from aioloader.decode.hybrid import HybridShare
 from aioloader.decode.jpeg import JpegHeader, jpeg_complete, jpeg_header, not_on_device
+from aioloader.decode.ondevice import loaderside
 from aioloader.synthetic import make_image, make_image_folder
 
 RUNTIMES = pytest.mark.parametrize("loader_process", [False, True], ids=["thread", "process"])
@@ -88,7 +88,7 @@ def test_batches_equal_the_cpu_paths(mixed: Path, loader_process: bool) -> None:
 def test_idle_workers_take_a_measured_share(mixed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The workers are idle while the bridge decodes (here on one thread): their share
     grows at each adjustment, and the batches stay the same."""
-    monkeypatch.setattr(ondevice, "HybridShare", lambda: HybridShare(step=0.25, interval=0.0))
+    monkeypatch.setattr(loaderside, "HybridShare", lambda: HybridShare(step=0.25, interval=0.0))
     expected, _ = load(mixed, decoder(None), loader_process=False)
     got, stats = load(mixed, decoder("cpu"), loader_process=False)
     same(got, expected)
@@ -339,7 +339,7 @@ def test_the_window_is_the_workers() -> None:
         in_worker = dec.window(96, 72, aioloader.sample_rng)
     finally:
         worker._local.context, worker._local.rng = None, None
-    assert dec.window(96, 72, lambda: ondevice.sample_generator(3, 1, 17)) == in_worker
+    assert dec.window(96, 72, lambda: loaderside.sample_generator(3, 1, 17)) == in_worker
 
 
 # -- CUDA only -------------------------------------------------------------------------------

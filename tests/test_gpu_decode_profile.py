@@ -24,7 +24,7 @@ from test_nvimgcodec import FakeCodec, FakeStream
 from aioloader import ImageDecoder
 from aioloader.decode.encoded import EncodedBatch
 from aioloader.decode.jpeg import jpeg_complete, jpeg_header
-from aioloader.decode.ondevice import sample_generator
+from aioloader.decode.ondevice.loaderside import sample_generator
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_decode_profile.py"
 

@@ -15,7 +15,7 @@ import pytest
 import aioloader
 from aioloader import FileDataset, Loader
 from aioloader.decode.hybrid import HybridShare, steer
-from aioloader.decode.ondevice import DeviceDecodeStage
+from aioloader.decode.ondevice.loaderside import DeviceDecodeStage
 from aioloader.observe.stages import StageMeter
 from aioloader.observe.stats import Counters
 from aioloader.observe.trainerwait import TrainerWait, wait_share

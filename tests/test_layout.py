@@ -126,14 +126,14 @@ VIOLATIONS = {
         "pure wings: no I/O, no event loop, no processes",
     ),
     "loop-inside-decode": (
-        "decode/protocol.py",
+        "decode/chunk.py",
         "\n\ndef _sneak() -> None:\n    from aioloader.decode import stage  # noqa: F401\n",
         "no import loop between the modules of a wing, or between wings",
     ),
     # read/ and decode/ are siblings: neither imports the other.
     "read-imports-decode": (
         "read/reader.py",
-        "\n\ndef _sneak() -> None:\n    from aioloader.decode import protocol  # noqa: F401\n",
+        "\n\ndef _sneak() -> None:\n    from aioloader.decode import chunk  # noqa: F401\n",
         "wings import only the wings below them",
     ),
     "decode-imports-read": (

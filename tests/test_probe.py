@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from aioloader import Loader
+from aioloader.decode.contract import DecodeRequest
 from aioloader.engine.batch import BatchSlabs
 from aioloader.engine.opening import Opening, OpeningState, Phase, Wake
 from aioloader.engine.sizing import chunk_cuts
@@ -353,9 +354,9 @@ def _count_pickled(loader: Loader) -> dict[int, int]:
     run = stage.run
     counts: dict[int, int] = {}
 
-    async def counted(epoch: int, k: int, *args: Any, **kwargs: Any) -> Any:
-        outcomes = await run(epoch, k, *args, **kwargs)
-        counts[k] = counts.get(k, 0) + sum(isinstance(o, Pickled) for o in outcomes)
+    async def counted(request: DecodeRequest) -> Any:
+        outcomes = await run(request)
+        counts[request.k] = counts.get(request.k, 0) + sum(isinstance(o, Pickled) for o in outcomes)
         return outcomes
 
     stage.run = counted

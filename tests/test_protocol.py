@@ -23,7 +23,7 @@ import torch
 from aioloader import sample_rng
 from aioloader.base.tree import LEAF, flatten, map_leaves, unflatten
 from aioloader.decode import worker as _worker
-from aioloader.decode.protocol import Chunk
+from aioloader.decode.chunk import Chunk
 from aioloader.engine.assemble import view_array
 from aioloader.memory.layout import (
     LayoutTracker,

@@ -36,7 +36,7 @@ import aioloader
 from aioloader import FileDataset, Loader, LoaderError
 from aioloader.base.items import Failure
 from aioloader.decode import worker as _worker
-from aioloader.decode.protocol import Chunk
+from aioloader.decode.chunk import Chunk
 from aioloader.memory.layout import SampleLayout
 from aioloader.memory.lifecycle import MOVES, SlabMoveError, SlabState
 from aioloader.memory.results import Failed

@@ -28,11 +28,10 @@ from typing import Any
 from aioloader.cluster.faults import Kind, Recovery, kind_of
 from aioloader.cluster.session import RaySession
 from aioloader.cluster.task import Answer, Fatal, Reading, TimedOut
-from aioloader.decode.contract import ChunkItem, Outcome
+from aioloader.decode.contract import ChunkItem, DecodeRequest, Outcome
 from aioloader.decode.stage import decode_error
 from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
 from aioloader.memory.results import Failed, Pickled
-from aioloader.memory.slabs import Slab
 from aioloader.memory.slots import OrderedSlots
 from aioloader.memory.writer import RowWriter
 from aioloader.observe.stages import StageMeter
@@ -98,18 +97,12 @@ class RayDecodeStage:
     def set_workers(self, active: int) -> None:
         """The cluster's tasks are not tuned (``num_workers="auto"`` is refused)."""
 
-    async def run(
-        self,
-        epoch: int,
-        k: int,
-        slab: Slab | None,
-        items: list[ChunkItem],
-        out: tuple[int, int] | None = None,
-        inputs: Slab | None = None,
-        shrink: tuple[int, int, frozenset[int]] | None = None,
-    ) -> list[Outcome]:
-        """Decode ``items`` (``(row, dataset index, bytes or URL)``) of batch ``k`` on the
-        cluster. Raises only for the whole loader (:class:`LoaderError`) or on cancellation."""
+    async def run(self, request: DecodeRequest) -> list[Outcome]:
+        """Decode ``request``'s items (``(row, dataset index, bytes or URL)``) on the
+        cluster. Raises only for the whole loader (:class:`LoaderError`) or on cancellation.
+        It reads neither ``request.inputs`` (local files reach it as bytes) nor
+        ``request.shrink`` (``max_side`` is refused with Ray)."""
+        epoch, k, slab, items, out = request.epoch, request.k, request.slab, request.items, request.out
         if self._slots is None:
             self._slots = OrderedSlots(self._session.bound)
         writer = None

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aioloader.base import sendable
-from aioloader.decode.protocol import Chunk
+from aioloader.decode.chunk import Chunk
 from aioloader.decode.worker import decode_chunk
 from aioloader.errors import LoaderError
 from aioloader.memory.results import RowResult, Shrunk

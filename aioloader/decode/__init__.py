@@ -1,16 +1,16 @@
 """Stage 3, decoding, in one place: the worker processes and what crosses to them, and the
-device decode's loader side (its bridge side is ``run/devdecode.py``).
+device decode (both its sides, in ``ondevice/``).
 
 | module | role |
 | --- | --- |
-| ``contract.py`` | what the engine and the tuner ask of any decode stage: ``DecodeStageLike`` |
+| ``contract.py`` | what the engine and the tuner ask of any stage: ``DecodeStageLike``, ``DecodeRequest`` |
 | ``stage.py`` | the local stage the engine awaits: slots, hot start, timeouts, crashes, resubmission |
 | ``faults.py`` | pure: what a worker's death makes of each row in flight: again, timed out, poison |
-| ``protocol.py`` | what crosses to a worker: the ``Chunk`` task |
+| ``chunk.py`` | what crosses to a worker: the ``Chunk`` task |
 | ``worker.py`` | inside a worker: the installed ``decode``, ``sample_rng``, its lifeline |
 | ``pool.py`` | the worker processes: forkserver start in the background, crash recovery, bounded shutdown |
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |
-| ``ondevice.py`` | ``ImageDecoder(device=...)``'s stage: what the GPU decodes, what the CPU, the windows |
+| ``ondevice/`` | ``ImageDecoder(device=...)``: its loader side, its bridge side, ``decodes_on_device`` |
 | ``jpeg.py`` | pure: a JPEG's frame header, and whether the device takes it |
 | ``hybrid.py`` | pure: the CPU workers' share of each batch beside the GPU, steered by the trainer's wait |
 | ``encoded.py`` | encoded images and the half-decoded batch that crosses to the bridge, with its plan |

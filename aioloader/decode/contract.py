@@ -11,6 +11,7 @@ numbers and flags the stage declares. Pure: no I/O, no loop.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from aioloader.errors import SampleError
@@ -19,7 +20,7 @@ from aioloader.memory.results import RowResult, Shrunk
 if TYPE_CHECKING:
     from aioloader.memory.slabs import Slab
 
-__all__ = ["ChunkItem", "DecodeStageLike", "Outcome", "declares_hot_start"]
+__all__ = ["ChunkItem", "DecodeRequest", "DecodeStageLike", "Outcome", "Shrink", "declares_hot_start"]
 
 #: What became of one sample: its result (with the bytes the sample cache keeps, when asked:
 #: :class:`~aioloader.memory.results.Shrunk`), or the error that ends it.
@@ -29,6 +30,40 @@ Outcome = RowResult | Shrunk | SampleError
 #: file's bytes, its ``(offset, size)`` in the batch's input arena, or, for a stage that
 #: reads URLs itself (:attr:`DecodeStageLike.reads_urls`), the URL as a string.
 ChunkItem = tuple[int, int, Any]
+
+#: ``(max_side, quality, rows)``: the rows of a chunk whose file the sample cache keeps
+#: downscaled (longest side at most ``max_side`` pixels, JPEG ``quality`` 1-100), a non-empty
+#: subset of the chunk's rows (:func:`aioloader.engine.caching.shrink_for`).
+Shrink = tuple[int, int, frozenset[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """One chunk of a batch to decode: what :meth:`DecodeStageLike.run` is given. Made once
+    per chunk by the engine; a stage that hands part of it on makes another
+    (``dataclasses.replace``). The slabs it names are the batch's, held by the engine until
+    the run returns."""
+
+    #: The epoch, from 0: with the loader's seed and a sample's dataset index, what its
+    #: random draws are seeded by (:func:`aioloader.sample_rng`).
+    epoch: int
+    #: The batch's number in the epoch, from 0: with the chunk's first row, the key its
+    #: decode slots are granted in order by, ``(k, first row)``.
+    k: int
+    #: The samples, each ``(row in the batch, dataset index, source)``: in row order, rows
+    #: distinct, at least one.
+    items: list[ChunkItem]
+    #: The batch's rows slab the results are written into (None: none, results pickled).
+    slab: Slab | None = None
+    #: ``(offset, bytes)`` in ``slab``: this chunk's share of its output area, where
+    #: results go while the slab has no row layout (None: no share).
+    out: tuple[int, int] | None = None
+    #: The batch's input arena, where the ``(offset, size)`` sources lie (None: the
+    #: sources are the bytes, or URLs).
+    inputs: Slab | None = None
+    #: The sample cache's part: the rows it keeps downscaled (None: none; only for a stage
+    #: of this machine's CPU workers, the loader's arguments refuse ``max_side`` elsewhere).
+    shrink: Shrink | None = None
 
 
 @runtime_checkable
@@ -66,23 +101,11 @@ class DecodeStageLike(Protocol):
         """Let ``active`` decoders work at once (``num_workers="auto"``), clamped to what the
         stage has (at least 1); a stage whose decoders are not tuned ignores it."""
 
-    async def run(
-        self,
-        epoch: int,
-        k: int,
-        slab: Slab | None,
-        items: list[ChunkItem],
-        out: tuple[int, int] | None = None,
-        inputs: Slab | None = None,
-        shrink: tuple[int, int, frozenset[int]] | None = None,
-    ) -> list[Outcome]:
-        """Decode ``items`` of batch ``k`` of ``epoch`` into ``slab``'s rows (or, with no
-        layout, its output area at ``out``: ``(offset, bytes)``, this chunk's share; or
-        pickled, without a slab). ``inputs``: the input arena the ``(offset, size)``
-        sources lie in. ``shrink``: ``(max_side, quality, rows)``, rows whose file the sample
-        cache keeps downscaled: their successes come back as
-        :class:`~aioloader.memory.results.Shrunk` (a stage that cannot make them, none: the
-        loader's arguments refuse ``max_side`` there). One outcome per item, in order."""
+    async def run(self, request: DecodeRequest) -> list[Outcome]:
+        """Decode ``request``'s items of its batch into its slab's rows (or, with no layout,
+        its output area share; or pickled, without a slab). The rows in
+        ``request.shrink``: their successes come back as
+        :class:`~aioloader.memory.results.Shrunk`. One outcome per item, in order."""
         ...
 
 

@@ -1,10 +1,11 @@
 """Samples the device decodes: what crosses from the loader to the bridging thread.
 
-In the loader process the device decode stage (:mod:`aioloader.decode.ondevice`) answers a
-JPEG the GPU takes with an :class:`EncodedImage`: its file's bytes, the crop window drawn
-for it exactly as the CPU path draws it (from ``(seed, epoch, index)``), and its flip. The
-default collate (which asks a leaf's type for ``collate_batch``) makes the batch's column
-of samples, CPU-decoded arrays and encoded images mixed, into one :class:`EncodedBatch`:
+In the loader process the device decode stage (:mod:`aioloader.decode.ondevice.loaderside`)
+answers a JPEG the GPU takes with an :class:`EncodedImage`: its file's bytes, the crop
+window drawn for it exactly as the CPU path draws it (from ``(seed, epoch, index)``), and
+its flip. The default collate (which asks a leaf's type for ``collate_batch``) makes the
+batch's column of samples, CPU-decoded arrays and encoded images mixed, into one
+:class:`EncodedBatch`:
 
 - ``images``, ``cpu_rows``: the rows the CPU workers decoded, stacked, and where they go;
 - ``data``, ``offsets``: the encoded images' bytes end to end (image ``i`` is
@@ -19,7 +20,8 @@ of samples, CPU-decoded arrays and encoded images mixed, into one :class:`Encode
 
 It is a namedtuple of arrays, so it crosses to the trainer's process as any batch does: its
 large arrays as views of shared memory (:mod:`aioloader.run.wire`). The bridging thread
-(:mod:`aioloader.run.devdecode`) turns it into the batch's ``uint8`` tensor on the device.
+(:mod:`aioloader.decode.ondevice.bridgeside`) turns it into the batch's ``uint8`` tensor on
+the device.
 """
 
 from __future__ import annotations

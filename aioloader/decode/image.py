@@ -14,7 +14,7 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 
 from aioloader.decode.worker import sample_rng
 
-__all__ = ["ImageDecoder", "device_of"]
+__all__ = ["ImageDecoder"]
 
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
@@ -282,13 +282,6 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     elif img.mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")  # Pillow warns when a palette with transparency goes straight to RGB
     return img.convert("RGB")
-
-
-def device_of(decode: object) -> str | None:
-    """The device ``decode`` decodes on: an ``ImageDecoder``'s ``device`` (None: the CPU
-    workers, as for any other decoder). The one test of it, for the arguments, the decode
-    stage and the bridge."""
-    return decode.device if isinstance(decode, ImageDecoder) else None
 
 
 def _is_device(device: object) -> bool:

@@ -1,7 +1,7 @@
 """What a file's first bytes say about decoding it on the GPU (pure: no I/O, no library).
 
-The device decode (:mod:`aioloader.decode.ondevice`) screens each sample in the loader
-process before its bytes travel to the trainer: a JPEG the GPU decoders handle goes there, and
+The device decode (:mod:`aioloader.decode.ondevice.loaderside`) screens each sample in the
+loader process before its bytes travel to the trainer: a JPEG the GPU decoders handle goes there, and
 anything else (PNG, WebP, a CMYK or 12-bit JPEG, a lossless or arithmetic-coded one, bytes
 that are no image) goes to the CPU workers, which decode every format Pillow knows. Reading
 the markers up to the frame header costs microseconds, a decode milliseconds.

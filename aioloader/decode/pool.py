@@ -25,8 +25,8 @@ from typing import Any
 
 from aioloader.base.semnames import named_for_this_process
 from aioloader.decode import worker as _worker
+from aioloader.decode.chunk import Chunk
 from aioloader.decode.faults import Breakage, describe_deaths
-from aioloader.decode.protocol import Chunk
 from aioloader.errors import LoaderError, WorkerCrashedError
 from aioloader.memory.results import RowResult, Shrunk
 from aioloader.procs import forking, zygote

@@ -1,7 +1,7 @@
 """One batch cropped, resized and flipped in a few tensor operations, exactly as Pillow does.
 
-The device decode (:mod:`aioloader.run.devdecode`) decodes a batch's JPEGs into one padded
-``(B, Hmax, Wmax, 3)`` ``uint8`` buffer (image ``b`` in its top-left corner). Each image has
+The device decode (:mod:`aioloader.decode.ondevice.bridgeside`) decodes a batch's JPEGs into
+one padded ``(B, Hmax, Wmax, 3)`` ``uint8`` buffer (image ``b`` in its top-left corner). Each image has
 its own crop box and flip, already folded into its taps on the loader's side
 (:mod:`aioloader.decode.taps`, Pillow's fixed-point coefficients). :func:`resize_batch` turns
 the taps into per-image dense matrices (one scatter per axis) and applies them as two batched

@@ -26,10 +26,10 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from aioloader.decode.contract import ChunkItem, Outcome
+from aioloader.decode.chunk import Chunk
+from aioloader.decode.contract import DecodeRequest, Outcome
 from aioloader.decode.faults import sort_out
 from aioloader.decode.pool import DecodePool
-from aioloader.decode.protocol import Chunk
 from aioloader.decode.worker import NotLoaded, decode_chunk
 from aioloader.errors import DecodeError, LoaderError
 from aioloader.memory.results import Failed, RowResult, Shrunk
@@ -109,20 +109,12 @@ class DecodeStage:
         n = self._pool.num_workers
         return 2 * n if self.active >= n else self.active
 
-    async def run(
-        self,
-        epoch: int,
-        k: int,
-        slab: Slab | None,
-        items: list[ChunkItem],
-        out: tuple[int, int] | None = None,
-        inputs: Slab | None = None,
-        shrink: tuple[int, int, frozenset[int]] | None = None,
-    ) -> list[Outcome]:
-        """Decode ``items`` (``(row, dataset index, source)``) of batch ``k``; ``out`` is the
-        chunk's share of the slab's output area; ``inputs`` the input arena the sources
-        given as ``(offset, size)`` lie in. Raises only for the whole loader
+    async def run(self, request: DecodeRequest) -> list[Outcome]:
+        """Decode ``request``'s items (``(row, dataset index, source)``) into its slab, on the
+        workers (or, in hot start, here). Raises only for the whole loader
         (:class:`~aioloader.WorkerCrashedError`) or on cancellation."""
+        epoch, k, slab, items = request.epoch, request.k, request.slab, request.items
+        out, inputs, shrink = request.out, request.inputs, request.shrink
         chunk = Chunk(
             slab.handle if slab else None,
             slab.layout if slab else None,

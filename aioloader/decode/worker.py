@@ -3,11 +3,11 @@
 
 The pool initialiser installs the user's ``decode`` once per process, so a task ships only
 offsets and a few integers. :func:`run_chunk` decodes a
-:class:`~aioloader.decode.protocol.Chunk` (one round trip amortised over several samples): it
+:class:`~aioloader.decode.chunk.Chunk` (one round trip amortised over several samples): it
 reads each sample's bytes from the slab's input arena and writes the decoded arrays into the
 slab, in the sample's row when the sample has the slab's rows layout, else into the chunk's
 share of the output area (see :mod:`aioloader.memory.layout` and
-:mod:`aioloader.decode.protocol`). It never raises: each sample's failure comes back as data
+:mod:`aioloader.decode.chunk`). It never raises: each sample's failure comes back as data
 with the worker's traceback, and an exception that cannot be pickled is replaced by
 one that can. Imports NumPy only; torch only if the decoder itself did.
 
@@ -36,7 +36,7 @@ import cloudpickle
 import numpy as np
 
 from aioloader.base import heap, sendable
-from aioloader.decode.protocol import Chunk
+from aioloader.decode.chunk import Chunk
 from aioloader.memory.results import Failed, Pickled, RowResult, Shrunk, StatusTable
 from aioloader.memory.segments import SegmentHandle, attach
 from aioloader.memory.writer import RowWriter

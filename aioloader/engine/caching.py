@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import cast
 
 from aioloader.cache.samples import UNKEPT, Fill, SampleCache
-from aioloader.decode.contract import ChunkItem, Outcome
+from aioloader.decode.contract import ChunkItem, Outcome, Shrink
 from aioloader.engine.batch import Fills
 from aioloader.errors import SampleError
 from aioloader.memory.results import RowResult, Shrunk, Source
@@ -67,9 +67,7 @@ def keep_read(cache: SampleCache, fills: Fills, row: int, src: Source, arena: Ar
         cache.keep(fill[0], bytes(_bytes(src, arena)), fill[1])
 
 
-def shrink_for(
-    cache: SampleCache | None, fills: Fills, items: list[ChunkItem]
-) -> tuple[int, int, frozenset[int]] | None:
+def shrink_for(cache: SampleCache | None, fills: Fills, items: list[ChunkItem]) -> Shrink | None:
     """``(max_side, quality, rows)``: the chunk's misses, whose files its workers decode
     small (and hand the small image to the cache); None without ``max_side``. Hits are
     small already."""

@@ -15,8 +15,8 @@ from aioloader.cluster.session import RaySession
 from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
 from aioloader.dataset import FileDataset
 from aioloader.decode.contract import DecodeStageLike, declares_hot_start
-from aioloader.decode.image import ImageDecoder
-from aioloader.decode.ondevice import DeviceDecodeStage
+from aioloader.decode.ondevice import decodes_on_device
+from aioloader.decode.ondevice.loaderside import DeviceDecodeStage
 from aioloader.decode.pool import DecodePool
 from aioloader.decode.settings import Decoding
 from aioloader.decode.stage import DecodeStage
@@ -70,7 +70,7 @@ def decode_stage(
         meter=counters.meters["decode"],
         forget=closed_slabs(*slabs),
     )
-    if isinstance(decode, ImageDecoder) and decode.device is not None:
+    if decodes_on_device(decode):
         # ImageDecoder(device=...): the JPEGs the device takes travel encoded to the bridge.
         return DeviceDecodeStage(
             stage,

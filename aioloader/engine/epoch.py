@@ -17,7 +17,7 @@ from aioloader.base import heap
 from aioloader.base.items import END, Batch, Failure, Item
 from aioloader.cache.samples import SampleCache
 from aioloader.dataset import FileDataset
-from aioloader.decode.contract import ChunkItem, DecodeStageLike
+from aioloader.decode.contract import ChunkItem, DecodeRequest, DecodeStageLike
 from aioloader.engine import sizing
 from aioloader.engine.assemble import Assembler
 from aioloader.engine.batch import BatchSlabs, BatchWork
@@ -321,7 +321,8 @@ class Engine:
         share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
         inputs = work.slabs.inputs
         shrink = shrink_for(self.cache, work.fills, items)
-        answered = await stage.run(work.epoch, work.k, slab, items, share, inputs, shrink)
+        request = DecodeRequest(work.epoch, work.k, items, slab=slab, out=share, inputs=inputs, shrink=shrink)
+        answered = await stage.run(request)
         arena = inputs.input if inputs is not None else None
         outcomes = keep_decoded(self.cache, work.fills, items, answered, arena)
         for (r, _, _), outcome in zip(items, outcomes, strict=True):

@@ -1,6 +1,7 @@
 """The failure policy: what a failed sample does to the epoch (``on_error``,
 ``max_failures``), in one object per loader (and one more on the trainer's side for the
-device decode's failures, when a loader process runs the pipeline: :mod:`aioloader.run.devdecode`).
+device decode's failures, when a loader process runs the pipeline:
+:mod:`aioloader.decode.ondevice.bridgeside`).
 
 Under ``on_error="raise"`` a :class:`~aioloader.SampleError` goes to the trainer in its
 batch's place, its last line (:data:`SKIP_HINT`) saying that ``"skip"`` exists. Under

@@ -105,9 +105,9 @@ class _Owner(np.ndarray):
 
 
 class Slab:
-    """One segment of ``kind`` (see :mod:`aioloader.memory.segments`) laid out by ``layout``; ``input`` is
-    its input arena, ``status`` its status table (see :mod:`aioloader.decode.protocol`) and ``handle`` how
-    another process maps it."""
+    """One segment of ``kind`` (see :mod:`aioloader.memory.segments`) laid out by ``layout``;
+    ``input`` is its input arena, ``status`` its status table
+    (:class:`~aioloader.memory.results.StatusTable`) and ``handle`` how another process maps it."""
 
     def __init__(self, layout: SlabLayout, pooled: bool, kind: str) -> None:
         self.layout = layout

@@ -10,10 +10,9 @@ trainer keeping only the bridge. Above the engine, below ``loader.py``.
 | ``wire.py`` | how a batch crosses between the two: slab views as references, large arrays spilled, errors |
 | ``spills.py`` | the loader process's segments for spilled arrays, reused once the trainer lets go |
 | ``pipeline.py`` | the loading parts (reader, decode pool, slabs, collate thread, engine), built and closed |
-| ``bridge.py`` | stage 6's ``aioloader-transfer`` thread and the per-epoch ``Run`` |
+| ``bridge.py`` | stage 6's ``aioloader-transfer`` thread, the per-epoch ``Run``, its device decode made |
 | ``device.py`` | the device copy: side stream, events, ``record_stream``, slabs held until copied |
 | ``pinning.py`` | the trainer's slab mappings page-locked once for their life (``cudaHostRegister``) |
-| ``devdecode.py`` | the device decode's trainer side: a half-decoded batch to its tensor on the device |
 | ``decodeahead.py`` | the ``aioloader-decode`` thread: each batch's device decode started a batch ahead |
 | ``staging.py`` | the fallback: pinned staging buffers filled by a single-threaded copy |
 | ``handoff.py`` | the bridge -> trainer hand-off, for threads and coroutines |

@@ -4,8 +4,9 @@ The thread sits between the engine's ready queue (an ``asyncio.Queue`` on the lo
 and the trainer: it pulls each batch, has :class:`~aioloader.run.device.DeviceCopier` copy it to
 the device, and puts it into the run's :class:`~aioloader.run.handoff.Handoff`. With a device
 decode it pulls through a decode thread that starts each batch's decode a batch ahead
-(:mod:`aioloader.run.decodeahead`) and finishes the batch before its copy. Runs are served
-one after another; a cancelled run is abandoned at once.
+(:mod:`aioloader.run.decodeahead`) and finishes the batch before its copy
+(:mod:`aioloader.decode.ondevice.bridgeside`; :func:`device_decode_for` makes it). Runs are
+served one after another; a cancelled run is abandoned at once.
 """
 
 from __future__ import annotations
@@ -16,14 +17,21 @@ import queue
 import threading
 from typing import Protocol
 
+import torch
+
 from aioloader.base.items import Batch, End, Failure, Item
+from aioloader.config import LoaderConfig
+from aioloader.decode.ondevice import decodes_on_device
+from aioloader.decode.ondevice.bridgeside import DeviceDecode
+from aioloader.engine.failures import FailurePolicy
 from aioloader.errors import LoaderError
 from aioloader.observe.stages import StageMeter
-from aioloader.run.devdecode import DeviceDecode
+from aioloader.observe.stats import Counters, DeviceDecodeStats
+from aioloader.run.decodeahead import DecodeAhead
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
 
-__all__ = ["Bridge", "Run", "Source"]
+__all__ = ["Bridge", "Run", "Source", "device_decode_for"]
 
 
 class Source(Protocol):
@@ -153,7 +161,8 @@ class Bridge:
 
     def _serve(self, run: Source) -> None:
         # A device decode starts each batch's decode on a thread of its own, a batch ahead.
-        ahead = self.finish.ahead(run) if self.finish is not None else None
+        finish = self.finish
+        ahead = DecodeAhead(run, finish.begin, finish.bind) if finish is not None else None
         source: Source = ahead if ahead is not None else run
         try:
             while (item := source.next_ready()) is not None:
@@ -172,3 +181,19 @@ class Bridge:
             run.handoff.close()
             if ahead is not None:
                 ahead.close()
+
+
+def device_decode_for(
+    config: LoaderConfig, device: torch.device, counters: Counters, policy: FailurePolicy | None = None
+) -> DeviceDecode | None:
+    """The bridge's device decode for a loader of ``config`` delivering on ``device`` (settled),
+    if its decoder asks for one;
+    ``policy``: the loader's failure policy where it runs in this process (its engine's), or
+    None for one of its own on the same ``counters`` (a loader process has the engine's)."""
+    decoder = config.decoding.decode
+    if not decodes_on_device(decoder):
+        return None
+    counters.device = DeviceDecodeStats()
+    if policy is None:
+        policy = FailurePolicy(config.failures.on_error, config.failures.max_failures, counters)
+    return DeviceDecode(decoder, device, counters, policy)

@@ -5,8 +5,8 @@ Huffman decoding the hardware engine does not take) before its GPU side runs on 
 the bridging thread, that host time would be added to every batch's copy. So, with a device
 decode, the bridge serves its run through :class:`DecodeAhead`: a thread of its own pulls the
 run's items in order, has each encoded batch's decode started on its own CUDA stream
-(:meth:`~aioloader.run.devdecode.DeviceDecode.begin`: the images decoded into a padded buffer
-PyTorch allocated, an event recorded after them) and passes the items on in order. While the
+(:meth:`~aioloader.decode.ondevice.bridgeside.DeviceDecode.begin`: the images decoded into
+a padded buffer PyTorch allocated, an event recorded after them) and passes the items on in order. While the
 bridge resizes and copies batch ``k`` and the trainer trains on ``k - 1``, this thread decodes
 ``k + 1``.
 
@@ -34,7 +34,9 @@ __all__ = ["DecodeAhead"]
 
 class _Run(Protocol):
     handoff: Handoff[Item]
-    cancelled: bool
+
+    @property
+    def cancelled(self) -> bool: ...  # read only here: a Source's is a property
 
     def next_ready(self) -> Item | None: ...
 

@@ -70,10 +70,10 @@ def _fd_soft_limit() -> int:
     return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
-def slabs_pooled(config: LoaderConfig, max_io: int | None = None) -> int:
-    """Slabs the pipeline may hold with ``max_io`` reads in flight (see
-    :func:`~aioloader.engine.epoch.pooled_slabs`); ``max_io`` defaults to the most ``io_concurrency`` may
-    reach."""
+def slabs_for(config: LoaderConfig, max_io: int | None = None) -> int:
+    """Slabs the pipeline of a loader of ``config`` may hold with ``max_io`` reads in flight
+    (:func:`~aioloader.engine.sizing.pooled_slabs` of its settings); ``max_io`` defaults to
+    the most ``io_concurrency`` may reach."""
     if max_io is None:
         max_io = MAX_AUTO_IO if config.reading.io_auto else config.reading.io_start
     return pooled_slabs(max_io, config.sampling.batch_size, config.delivery.prefetch)

@@ -36,11 +36,10 @@ from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint
 from aioloader.procs import roles, zygote
 from aioloader.run import loaderproc, runtime, wire
-from aioloader.run.bridge import Bridge
-from aioloader.run.devdecode import device_decode_for
+from aioloader.run.bridge import Bridge, device_decode_for
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
-from aioloader.run.pipeline import slabs_pooled
+from aioloader.run.pipeline import slabs_for
 from aioloader.safety import doctor, gcfreeze
 
 __all__ = ["NoZygote", "PipeRun", "ProcessRuntime"]
@@ -270,7 +269,7 @@ class ProcessRuntime(runtime.RuntimeBase):
             conn.close()
             os.close(back_w)
             raise
-        self.channel = _Channel(conn, back_w, counters, slabs_pooled(config) + 8)
+        self.channel = _Channel(conn, back_w, counters, slabs_for(config) + 8)
         try:
             self._wait_ready()
             self.copier = DeviceCopier(device, bool(config.delivery.pin_memory))

@@ -29,8 +29,7 @@ from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint, plan_for
 from aioloader.procs import roles
 from aioloader.run import pipeline
-from aioloader.run.bridge import Bridge, Run
-from aioloader.run.devdecode import device_decode_for
+from aioloader.run.bridge import Bridge, Run, device_decode_for
 from aioloader.run.device import DeviceCopier
 from aioloader.safety import gcfreeze, sigterm
 

@@ -14,7 +14,7 @@ import torch
 
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset
-from aioloader.decode.image import device_of
+from aioloader.decode.ondevice import device_of
 from aioloader.observe.stats import Counters
 from aioloader.plan.node import node_ranks, rank_gpu
 from aioloader.run.procruntime import NoZygote, ProcessRuntime

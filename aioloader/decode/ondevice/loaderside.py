@@ -1,9 +1,10 @@
 """The device decode's stage in the loader: which samples the GPU decodes, which the CPU.
 
 ``ImageDecoder(device="cuda")``: the loader does not decode the JPEGs the GPU takes; it
-sends their bytes, with the crop window drawn for each, to the bridging thread, which decodes
-the batch on the device (:mod:`aioloader.run.devdecode`). :class:`DeviceDecodeStage` wraps
-the local pool's stage (:class:`~aioloader.decode.stage.DecodeStage`) and, per chunk:
+sends their bytes, with the crop window drawn for each, to the bridging thread, which
+decodes the batch on the device (:mod:`aioloader.decode.ondevice.bridgeside`).
+:class:`DeviceDecodeStage` wraps the local pool's stage
+(:class:`~aioloader.decode.stage.DecodeStage`) and, per chunk:
 
 1. screens each sample's first bytes and its last (:mod:`aioloader.decode.jpeg`): what the
    device cannot take, and a JPEG cut short, go to the CPU workers (counted by reason);
@@ -20,14 +21,14 @@ the pool's stage. Loop-bound.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from aioloader.decode.contract import ChunkItem, DecodeStageLike, Outcome
+from aioloader.decode.contract import DecodeRequest, DecodeStageLike, Outcome
 from aioloader.decode.encoded import EncodedImage
 from aioloader.decode.hybrid import HybridShare
 from aioloader.decode.image import ImageDecoder
@@ -35,9 +36,6 @@ from aioloader.decode.jpeg import JpegHeader, jpeg_complete, jpeg_header, not_on
 from aioloader.memory.results import Deferred
 from aioloader.observe.stages import StageMeter, between, utilization
 from aioloader.observe.trainerwait import TrainerWait, WaitReading, wait_share
-
-if TYPE_CHECKING:
-    from aioloader.memory.slabs import Slab
 
 __all__ = ["DeviceDecodeStage", "sample_generator"]
 
@@ -96,17 +94,9 @@ class DeviceDecodeStage:
     def set_workers(self, active: int) -> None:
         self._inner.set_workers(active)
 
-    async def run(
-        self,
-        epoch: int,
-        k: int,
-        slab: Slab | None,
-        items: list[ChunkItem],
-        out: tuple[int, int] | None = None,
-        inputs: Slab | None = None,
-        shrink: tuple[int, int, frozenset[int]] | None = None,
-    ) -> list[Outcome]:
+    async def run(self, request: DecodeRequest) -> list[Outcome]:
         self._adjust()
+        epoch, items, inputs = request.epoch, request.items, request.inputs
         arena = inputs.input.buf if inputs is not None else None
         datas = [_bytes_of(src, arena) for _, _, src in items]
         reasons: Counter[str] = Counter()
@@ -126,7 +116,9 @@ class DeviceDecodeStage:
             device = device[: len(device) - share]
         outcomes: list[Outcome | None] = [None] * len(items)
         if cpu:
-            done = await self._inner.run(epoch, k, slab, [items[p] for p in cpu], out, inputs)
+            # No shrink: the loader's arguments refuse max_side with a device decode.
+            part = dataclasses.replace(request, items=[items[p] for p in cpu], shrink=None)
+            done = await self._inner.run(part)
             for p, outcome in zip(cpu, done, strict=True):
                 outcomes[p] = outcome
         for p, header in device:

@@ -31,26 +31,48 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from aioloader.base.items import Batch, End, Failure, Item
-from aioloader.config import LoaderConfig
 from aioloader.decode.batchdec import BatchDecoder, batch_decoder_for
 from aioloader.decode.encoded import EncodedBatch
 from aioloader.decode.image import ImageDecoder
 from aioloader.decode.resize import resize_batch
-from aioloader.engine.failures import FailurePolicy
-from aioloader.errors import DecodeError, LoaderError
-from aioloader.observe.stats import Counters, DeviceDecodeStats
-from aioloader.run.decodeahead import DecodeAhead
-from aioloader.run.device import DeviceCopier
+from aioloader.errors import DecodeError, LoaderError, SampleError
+from aioloader.observe.stats import Counters
 
-__all__ = ["DeviceDecode", "Started", "device_decode_for"]
+
+class PolicyLike(Protocol):
+    """What the device decode asks of the loader's failure policy
+    (:class:`~aioloader.engine.failures.FailurePolicy`, a wing above: run/bridge.py hands it in)."""
+
+    on_error: str
+
+    def failed(self, err: SampleError) -> None: ...
+
+    def epoch_ended(self) -> None: ...
+
+
+class CopierLike(Protocol):
+    """What the device decode asks of the bridge's copier (:class:`~aioloader.run.device.DeviceCopier`,
+    a wing above): its stream, copies onto it, and values held until the work queued on it ran."""
+
+    @property
+    def stream(self) -> Any: ...
+
+    def on_stream(self) -> AbstractContextManager[Any]: ...
+
+    def copy_tensor(self, t: torch.Tensor) -> torch.Tensor: ...
+
+    def hold(self, value: Any) -> None: ...
+
+
+__all__ = ["DeviceDecode", "Started"]
 
 
 @dataclass
@@ -85,7 +107,7 @@ class DeviceDecode:
         decoder: ImageDecoder,
         device: torch.device,
         counters: Counters,
-        policy: FailurePolicy,
+        policy: PolicyLike,
         make: Callable[[ImageDecoder, torch.device], BatchDecoder] = batch_decoder_for,
     ) -> None:
         self.decoder = decoder
@@ -111,11 +133,9 @@ class DeviceDecode:
             self.batch.close()
             self.batch = None
 
-    def ahead(self, run: Any) -> DecodeAhead:
-        """``run`` served through a decode thread one batch ahead of the bridge."""
-        return DecodeAhead(run, self.begin, self._bind)
-
-    def _bind(self) -> None:
+    def bind(self) -> None:
+        """On the decode thread (:mod:`aioloader.run.decodeahead`), as it starts: its CUDA
+        device made the decoder's."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
@@ -151,7 +171,7 @@ class DeviceDecode:
             return Started(batch, None, [], error=exc)
         return Started(batch, buffer, failed, event, time.perf_counter() - start)
 
-    def finish(self, value: Any, copier: DeviceCopier) -> Any:
+    def finish(self, value: Any, copier: CopierLike) -> Any:
         """``value`` with its encoded batch decoded on the device (anything else as it is);
         on the bridging thread."""
         started, labels = _parts(value)
@@ -178,7 +198,7 @@ class DeviceDecode:
         self._counters.device_decoded(done, seconds, len(started.failed))
         return out if labels is None else (out, labels)
 
-    def _decode(self, started: Started, copier: DeviceCopier) -> tuple[torch.Tensor, list[int]]:
+    def _decode(self, started: Started, copier: CopierLike) -> tuple[torch.Tensor, list[int]]:
         batch = started.batch
         out = torch.empty((batch.rows, 3, batch.height, batch.width), dtype=torch.uint8, device=self.device)
         if len(batch.cpu_rows):
@@ -233,19 +253,3 @@ class DeviceDecode:
         except LoaderError as exc:
             return Failure(exc)
         return item
-
-
-def device_decode_for(
-    config: LoaderConfig, device: torch.device, counters: Counters, policy: FailurePolicy | None = None
-) -> DeviceDecode | None:
-    """The bridge's device decode for a loader of ``config`` delivering on ``device`` (settled),
-    if its decoder asks for one;
-    ``policy``: the loader's failure policy where it runs in this process (its engine's), or
-    None for one of its own on the same ``counters`` (a loader process has the engine's)."""
-    decoder = config.decoding.decode
-    if not isinstance(decoder, ImageDecoder) or decoder.device is None:
-        return None
-    counters.device = DeviceDecodeStats()
-    if policy is None:
-        policy = FailurePolicy(config.failures.on_error, config.failures.max_failures, counters)
-    return DeviceDecode(decoder, device, counters, policy)
