@@ -21,8 +21,8 @@ from helpers import decode_number, is_gone, lay_out_proc
 from PIL import Image, ImageOps
 
 from aioloader import Cache, Loader
-from aioloader.arguments import check_cache
 from aioloader.base.cgmemory import cgroup_limit, cgroup_room, mem_available
+from aioloader.build import check_cache
 from aioloader.cache.diskstore import BAD, DiskStore
 from aioloader.cache.entries import HEADER, MAGIC, check, crc_ok, entry_key, header, relpath
 from aioloader.cache.memstore import REGION, MemoryStore

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from helpers import make_config
 
 from aioloader import ImageDecoder, Loader
 from aioloader.cluster.stage import RayDecodeStage, cluster_chunk
@@ -69,39 +70,33 @@ def test_both_stages_keep_the_contract() -> None:
     assert ray.active == 4  # the cluster's tasks are not tuned
 
 
-def _config(**kw: Any) -> Any:
-    base = dict(
-        batch_size=64,
-        num_workers=2,
-        decode=bytes,
-        read=None,
-        seed=0,
-        sample_timeout=None,
-        read_retries=0,
-        storage_options=None,
-        io_concurrency=8,
-    )
-    return SimpleNamespace(**{**base, **kw})
+def _stage(dataset: Any, counters: Counters, pool: Any, cluster: Any, **kw: Any) -> Any:
+    """The stage ``decode_stage`` chooses for a loader of batches of 64, two workers and
+    eight reads in flight (``kw`` overriding its arguments)."""
+    given = {"batch_size": 64, "num_workers": 2, "decode": bytes, "seed": 0, "read_retries": 0}
+    config = make_config(**{**given, **kw})
+    parts = (config.sampling, config.reading, config.decoding, config.failures)
+    return decode_stage(parts, config.build.workers, 8, dataset, counters, pool, cluster, None)  # type: ignore[arg-type]
 
 
 def test_the_stage_is_chosen_once_where_the_loader_is_built() -> None:
     counters, dataset = Counters(), SimpleNamespace(path=str, has_spans=False)
     pool: Any = SimpleNamespace(num_workers=2)
     cluster: Any = SimpleNamespace(tasks=3, bound=6)
-    local = decode_stage(_config(), dataset, counters, pool, None, None)  # type: ignore[arg-type]
+    local = _stage(dataset, counters, pool, None)
     assert isinstance(local, DecodeStage)
     assert (local.chunk, local.probes) == (chunk_size(64, 2), 2)
-    ray = decode_stage(_config(), dataset, counters, None, cluster, None)  # type: ignore[arg-type]
+    ray = _stage(dataset, counters, None, cluster)
     assert isinstance(ray, RayDecodeStage)
     assert (ray.chunk, ray.reads_urls, ray.samples_in_flight) == (cluster_chunk(64, 3), True, 6 * ray.chunk)
     # A custom read, or byte ranges of a file: the reader reads, the tasks get bytes.
-    ray = decode_stage(_config(read=open), dataset, counters, None, cluster, None)  # type: ignore[arg-type]
+    ray = _stage(dataset, counters, None, cluster, read=open)
     assert ray is not None and not ray.reads_urls
     spans = SimpleNamespace(path=str, has_spans=True)
-    ray = decode_stage(_config(), spans, counters, None, cluster, None)  # type: ignore[arg-type]
+    ray = _stage(spans, counters, None, cluster)
     assert ray is not None and not ray.reads_urls
     # decode=None: no stage at all.
-    assert decode_stage(_config(decode=None), dataset, counters, None, None, None) is None  # type: ignore[arg-type]
+    assert _stage(dataset, counters, None, None, decode=None) is None
 
 
 def test_forget_names_the_slabs_closed_lately_of_every_pool() -> None:

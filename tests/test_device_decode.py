@@ -22,7 +22,7 @@ from PIL import Image
 
 import aioloader
 from aioloader import DecodeError, FileDataset, Loader, LoaderError, SampleError
-from aioloader.arguments import check_device_decode
+from aioloader.build import check_device_decode
 from aioloader.collate import default_collate
 from aioloader.decode.encoded import EncodedBatch, EncodedImage
 from aioloader.decode.hybrid import HybridShare
