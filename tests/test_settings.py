@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 import pickle
 import re
 from pathlib import Path
@@ -146,3 +147,25 @@ def test_a_config_pickles_with_its_callables_by_value() -> None:
 def test_unknown_arguments_are_named() -> None:
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['batch'\]"):
         LoaderConfig.create({"batch": 3})
+
+
+def test_a_state_dict_saved_before_the_parts_resumes_the_same_batches() -> None:
+    """``tests/data/state_before_parts.json``: a state taken after 3 batches by aioloader
+    0defa2a (one flat config), and the batches an uninterrupted run of it delivered after
+    them. A loader of the same settings resumes it here with exactly those batches."""
+    saved = json.loads((Path(__file__).parent / "data" / "state_before_parts.json").read_text())
+    paths = [f"f{i:03d}.bin" for i in range(50)]
+    loader = Loader(
+        paths,
+        batch_size=4,
+        decode=None,
+        seed=7,
+        rank=1,
+        world_size=2,
+        read=lambda p: p.encode(),
+        collate=list,
+        loader_process=False,
+    )
+    with loader:
+        loader.load_state_dict(saved["state"])
+        assert [[b.decode() for b in batch] for batch in loader] == saved["rest"]
