@@ -213,6 +213,9 @@ class Loader:
     # -- properties -------------------------------------------------------------------------
     @property
     def config(self) -> LoaderConfig:
+        """The settings, part by part (``config.sampling.batch_size``, ``config.decoding.decode``,
+        ...; :mod:`aioloader.config`), and what the build decided (``config.build.workers``,
+        ``config.build.start_in``)."""
         return self._config
 
     @property
