@@ -27,6 +27,8 @@ from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stats import Counters, LoaderSide
 from aioloader.observe.wheredecoded import DeviceSide
 from aioloader.plan.resume import ResumePoint
+from aioloader.read import readmsgs
+from aioloader.read.readproc import PARTS
 from aioloader.run import messages as m
 from aioloader.run import wire
 from aioloader.run.loaderproc import Host
@@ -191,8 +193,29 @@ def test_the_loader_process_dispatches_back_lines_by_type() -> None:
     assert counters.trainer_wait.totals() == (2.5, 10)
 
 
+# -- the loop <-> a reader process (aioloader/read/readmsgs.py) -------------------------------------
+
+
+def test_a_group_is_framed_in_one_place_and_parsed_in_one() -> None:
+    paths = ["/data/a.jpg", "file:///data/b.jpg"]
+    for part in range(PARTS):
+        data = readmsgs.frame_group(part, readmsgs.pickle_paths(paths))
+        assert data[0] == part
+        assert readmsgs.parse_group(data) == readmsgs.Group(part, paths)
+
+
+def test_a_groups_answer_round_trips() -> None:
+    missing = FileNotFoundError(2, "No such file or directory", "/data/c.jpg")
+    answer = readmsgs.GroupRead([(0, 13), b"larger than its part", missing], True, [0.001, 0.002, 0.5])
+    again = _again(answer)
+    assert isinstance(again, readmsgs.GroupRead) and again.files[:2] == answer.files[:2]
+    assert (again.slow, again.times) == (True, answer.times)
+    assert isinstance(again.files[2], FileNotFoundError) and again.files[2].filename == "/data/c.jpg"
+
+
 @pytest.mark.parametrize(
-    "cls", [m.BatchMsg, m.EndMsg, m.FailMsg, m.StartRun, m.Released, LoaderSide, DeviceSide]
+    "cls",
+    [m.BatchMsg, m.EndMsg, m.FailMsg, m.StartRun, m.Released, LoaderSide, DeviceSide, readmsgs.GroupRead],
 )
 def test_messages_are_frozen_and_slotted(cls: type) -> None:
     """Slotted (no per-message dict) and frozen: written once, read by attribute."""
