@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from aioloader.base.items import END, Batch, Failure
+from aioloader.decode.protocol import Chunk, Shrink
 from aioloader.errors import LoaderError
 from aioloader.memory.segments import SegmentHandle
 from aioloader.observe.cachestats import CacheStats
@@ -213,9 +214,28 @@ def test_a_groups_answer_round_trips() -> None:
     assert isinstance(again.files[2], FileNotFoundError) and again.files[2].filename == "/data/c.jpg"
 
 
+# -- the loader -> a decode worker (aioloader/decode/protocol.py) ----------------------------------
+
+
+def test_a_chunk_carries_its_shrink_by_name() -> None:
+    chunk = Chunk(HANDLE, None, [(0, 4, (0, 10)), (1, 5, b"x")], 7, 2, shrink=Shrink(256, 90, frozenset({1})))
+    again = _again(chunk)
+    assert again == chunk and isinstance(again.shrink, Shrink) and again.shrink.rows == {1}
+
+
 @pytest.mark.parametrize(
     "cls",
-    [m.BatchMsg, m.EndMsg, m.FailMsg, m.StartRun, m.Released, LoaderSide, DeviceSide, readmsgs.GroupRead],
+    [
+        m.BatchMsg,
+        m.EndMsg,
+        m.FailMsg,
+        m.StartRun,
+        m.Released,
+        LoaderSide,
+        DeviceSide,
+        readmsgs.GroupRead,
+        Shrink,
+    ],
 )
 def test_messages_are_frozen_and_slotted(cls: type) -> None:
     """Slotted (no per-message dict) and frozen: written once, read by attribute."""

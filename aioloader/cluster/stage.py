@@ -29,6 +29,7 @@ from aioloader.cluster.faults import Kind, Recovery, kind_of
 from aioloader.cluster.session import RaySession
 from aioloader.cluster.task import Answer, Fatal, Reading, TimedOut
 from aioloader.decode.contract import ChunkItem, Outcome
+from aioloader.decode.protocol import Shrink
 from aioloader.decode.stage import decode_error
 from aioloader.errors import DecodeError, LoaderError, LoaderTimeoutError, SampleError
 from aioloader.memory.results import Failed, Pickled
@@ -106,7 +107,7 @@ class RayDecodeStage:
         items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
-        shrink: tuple[int, int, frozenset[int]] | None = None,
+        shrink: Shrink | None = None,
     ) -> list[Outcome]:
         """Decode ``items`` (``(row, dataset index, bytes or URL)``) of batch ``k`` on the
         cluster. Raises only for the whole loader (:class:`LoaderError`) or on cancellation."""

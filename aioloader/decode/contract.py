@@ -17,6 +17,7 @@ from aioloader.errors import SampleError
 from aioloader.memory.results import RowResult, Shrunk
 
 if TYPE_CHECKING:
+    from aioloader.decode.protocol import Shrink
     from aioloader.memory.slabs import Slab
 
 __all__ = ["ChunkItem", "DecodeStageLike", "Outcome", "declares_hot_start"]
@@ -74,12 +75,12 @@ class DecodeStageLike(Protocol):
         items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
-        shrink: tuple[int, int, frozenset[int]] | None = None,
+        shrink: Shrink | None = None,
     ) -> list[Outcome]:
         """Decode ``items`` of batch ``k`` of ``epoch`` into ``slab``'s rows (or, with no
         layout, its output area at ``out``: ``(offset, bytes)``, this chunk's share; or
         pickled, without a slab). ``inputs``: the input arena the ``(offset, size)``
-        sources lie in. ``shrink``: ``(max_side, quality, rows)``, rows whose file the sample
+        sources lie in. ``shrink``: the rows whose file the sample
         cache keeps downscaled: their successes come back as
         :class:`~aioloader.memory.results.Shrunk` (a stage that cannot make them, none: the
         loader's arguments refuse ``max_side`` there). One outcome per item, in order."""

@@ -37,6 +37,7 @@ from aioloader.observe.stages import StageMeter, between, utilization
 from aioloader.observe.trainerwait import TrainerWait, WaitReading, wait_share
 
 if TYPE_CHECKING:
+    from aioloader.decode.protocol import Shrink
     from aioloader.memory.slabs import Slab
 
 __all__ = ["DeviceDecodeStage", "sample_generator"]
@@ -104,7 +105,7 @@ class DeviceDecodeStage:
         items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
-        shrink: tuple[int, int, frozenset[int]] | None = None,
+        shrink: Shrink | None = None,
     ) -> list[Outcome]:
         self._adjust()
         arena = inputs.input.buf if inputs is not None else None

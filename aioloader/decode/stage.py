@@ -29,7 +29,7 @@ from typing import Any
 from aioloader.decode.contract import ChunkItem, Outcome
 from aioloader.decode.faults import sort_out
 from aioloader.decode.pool import DecodePool
-from aioloader.decode.protocol import Chunk
+from aioloader.decode.protocol import Chunk, Shrink
 from aioloader.decode.worker import NotLoaded, decode_chunk
 from aioloader.errors import DecodeError, LoaderError
 from aioloader.memory.results import Failed, RowResult, Shrunk
@@ -117,7 +117,7 @@ class DecodeStage:
         items: list[ChunkItem],
         out: tuple[int, int] | None = None,
         inputs: Slab | None = None,
-        shrink: tuple[int, int, frozenset[int]] | None = None,
+        shrink: Shrink | None = None,
     ) -> list[Outcome]:
         """Decode ``items`` (``(row, dataset index, source)``) of batch ``k``; ``out`` is the
         chunk's share of the slab's output area; ``inputs`` the input arena the sources

@@ -16,6 +16,7 @@ from typing import cast
 
 from aioloader.cache.samples import UNKEPT, Fill, SampleCache
 from aioloader.decode.contract import ChunkItem, Outcome
+from aioloader.decode.protocol import Shrink
 from aioloader.engine.batch import Fills
 from aioloader.errors import SampleError
 from aioloader.memory.results import RowResult, Shrunk, Source
@@ -67,15 +68,12 @@ def keep_read(cache: SampleCache, fills: Fills, row: int, src: Source, arena: Ar
         cache.keep(fill[0], bytes(_bytes(src, arena)), fill[1])
 
 
-def shrink_for(
-    cache: SampleCache | None, fills: Fills, items: list[ChunkItem]
-) -> tuple[int, int, frozenset[int]] | None:
-    """``(max_side, quality, rows)``: the chunk's misses, whose files its workers decode
-    small (and hand the small image to the cache); None without ``max_side``. Hits are
-    small already."""
+def shrink_for(cache: SampleCache | None, fills: Fills, items: list[ChunkItem]) -> Shrink | None:
+    """The chunk's misses, whose files its workers decode small (and hand the small image
+    to the cache); None without ``max_side``. Hits are small already."""
     spec = cache.shrink if cache is not None else None
     rows = frozenset(r for r, _, _ in items if r in fills)
-    return None if spec is None or not rows else (*spec, rows)
+    return None if spec is None or not rows else Shrink(*spec, rows)
 
 
 def keep_decoded(
