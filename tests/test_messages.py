@@ -28,6 +28,7 @@ from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stats import Counters, LoaderSide
 from aioloader.observe.wheredecoded import DeviceSide
 from aioloader.plan.resume import ResumePoint
+from aioloader.procs import zygote
 from aioloader.read import readmsgs
 from aioloader.read.readproc import PARTS
 from aioloader.run import messages as m
@@ -221,6 +222,15 @@ def test_a_chunk_carries_its_shrink_by_name() -> None:
     chunk = Chunk(HANDLE, None, [(0, 4, (0, 10)), (1, 5, b"x")], 7, 2, shrink=Shrink(256, 90, frozenset({1})))
     again = _again(chunk)
     assert again == chunk and isinstance(again.shrink, Shrink) and again.shrink.rows == {1}
+
+
+# -- the trainer -> its loader process: where the zygote listens (aioloader/procs/zygote.py) -------
+
+
+def test_the_zygotes_address_crosses_by_name() -> None:
+    where = zygote.Address("/tmp/pymp-x/listener-y", 4321)
+    assert _again(where) == where and (where.socket, where.pid) == ("/tmp/pymp-x/listener-y", 4321)
+    assert _again(zygote.Address(b"\0abstract", 1)).socket == b"\0abstract"
 
 
 @pytest.mark.parametrize(

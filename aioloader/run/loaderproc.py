@@ -86,7 +86,7 @@ def main(
     back: Connection,
     pickled_config: bytes,
     dataset: FileDataset,
-    where: tuple[Any, int] | None,
+    where: zygote.Address | None,
     log_level: int = logging.WARNING,
 ) -> None:
     """The loader process's whole life (the ``target`` the trainer starts it with);
