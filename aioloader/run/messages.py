@@ -9,7 +9,7 @@ trainer -> loader process (:data:`Control`):
 
 - :class:`StartRun` ``run_id, epoch, resume, restore``: cancel the current run, if any, and
   produce ``epoch`` from ``resume`` (its start when None); ``restore``, the trainer's
-  failure counts when they were restored from a checkpoint since the last run.
+  failure counts when a resumed run's state restored them since the last run.
 - :class:`CancelRun` ``run_id``: stop that run (ignored when another is current).
 - :class:`Close`: stop the pipeline and exit (end of file on the Connection means the same).
 
@@ -38,8 +38,10 @@ one ``os.write`` of a few bytes, no lock but the writer's own, nothing to import
 - :class:`Waited` ``b"W <seconds> <batches>"``: the trainer's totals of seconds waited for
   batches and batches delivered (written with a :class:`Taken`, when they grew).
 
-Every class is a frozen, slotted dataclass with a ``__reduce__`` of its constructor: pickled
-several times per batch, it costs a constructor call, not a ``__setstate__``.
+Every class is a frozen, slotted dataclass; those that are pickled have a ``__reduce__`` of
+their constructor: several cross per batch, each costs a constructor call, not a
+``__setstate__`` (nor, on Python 3.10, a failure: a frozen slotted dataclass does not
+unpickle there without one).
 """
 
 from __future__ import annotations
@@ -83,8 +85,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Restore:
-    """The trainer's failure counts, restored from a checkpoint: ``failures`` by reason and
-    samples ``attempted``, over the loader's life."""
+    """The trainer's failure counts, carried over from a resumed run's state: ``failures`` by
+    reason and samples ``attempted``, over the loader's life."""
 
     failures: dict[str, int]
     attempted: int
