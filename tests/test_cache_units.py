@@ -27,7 +27,7 @@ from aioloader.cache.diskstore import BAD, DiskStore
 from aioloader.cache.entries import HEADER, MAGIC, check, crc_ok, entry_key, header, relpath
 from aioloader.cache.memstore import REGION, MemoryStore
 from aioloader.cache.settings import FORMAT, resolved_bound
-from aioloader.decode.chunk import Chunk
+from aioloader.decode.chunk import Chunk, Shrink
 from aioloader.decode.shrink import shrink, target_size
 from aioloader.decode.worker import decode_chunk
 from aioloader.memory.results import Pickled, Shrunk, Source
@@ -427,7 +427,7 @@ def test_a_truncated_image_raises_and_the_worker_decodes_the_file_unkept() -> No
     with pytest.raises(OSError):
         shrink(cut, 256, 90)
     items: list[tuple[int, int, Source]] = [(0, 0, cut), (1, 1, data), (2, 2, b"sample-000001")]
-    chunk = Chunk(None, None, items, 0, 0, shrink=(256, 90, frozenset({0, 1, 2})))
+    chunk = Chunk(None, None, items, 0, 0, shrink=Shrink(256, 90, frozenset({0, 1, 2})))
     unkept, made, as_is = decode_chunk(None, chunk, bytes)  # the decode: what it received
     assert unkept == Pickled(cut)
     assert isinstance(made, Shrunk) and made.kept is not None and made.result == Pickled(made.kept)

@@ -23,7 +23,7 @@ import torch
 from aioloader import sample_rng
 from aioloader.base.tree import LEAF, flatten, map_leaves, unflatten
 from aioloader.decode import worker as _worker
-from aioloader.decode.chunk import Chunk
+from aioloader.decode.chunk import Chunk, Shrink
 from aioloader.engine.assemble import view_array
 from aioloader.memory.layout import (
     LayoutTracker,
@@ -388,7 +388,7 @@ def test_what_crosses_to_a_worker_and_back_keeps_every_field_pickled() -> None:
             handle,
             11,
             ("a", "b"),
-            (512, 90, frozenset({1})),
+            Shrink(512, 90, frozenset({1})),
         ),
         Written(("label", 3)),
         Shrunk(Written((1,)), b"small"),

@@ -24,6 +24,7 @@ from aioloader.read import readproc
 from aioloader.read import workers as workers_mod
 from aioloader.read.blocking import ReadPace
 from aioloader.read.reader import FileReader
+from aioloader.read.readmsgs import GroupRead
 from aioloader.read.routing import LOOP, MAX_READ_WORKERS, WORKERS, read_workers, route
 from aioloader.read.workers import ReadWorkers
 
@@ -72,10 +73,10 @@ def read_once(paths: list[str]) -> Any:
             answer = on_loop(lambda rest=rest: workers.read(rest))
             if answer is None:
                 return None
-            assert answer[0], "a group answered nothing"
-            got += answer[0]
-            slow = answer[1]
-            times += answer[2]
+            assert answer.files, "a group answered nothing"
+            got += answer.files
+            slow = answer.slow
+            times += answer.times
     finally:
         workers.close()
     return got, slow, times
@@ -153,10 +154,10 @@ def test_groups_share_the_workers_and_a_dead_one_is_left_out(files: list[str]) -
     finally:
         workers.close()
     want = [[Path(p).read_bytes() for p in g] for g in groups]
-    assert [a[0] for a in first] == want
+    assert [a.files for a in first] == want
     # The killed worker's group (if it got one) came back None; every other is whole.
     assert sum(a is None for a in after) <= 1
-    assert all(a[0] == w for a, w in zip(after, want, strict=True) if a is not None)
+    assert all(a.files == w for a, w in zip(after, want, strict=True) if a is not None)
     assert all(a is None for a in last)
 
 
@@ -183,9 +184,9 @@ def test_a_worker_reads_the_next_group_while_the_loop_takes_the_last(files: list
     finally:
         workers.close()
     assert in_flight == readproc.PARTS == 2
-    assert got2[0] == [Path(p).read_bytes() for p in g2]
-    assert got3[0] == [Path(p).read_bytes() for p in g3]
-    assert [a[0] for a in again] == [[Path(p).read_bytes() for p in g] for g in (g1, g2)]
+    assert got2.files == [Path(p).read_bytes() for p in g2]
+    assert got3.files == [Path(p).read_bytes() for p in g3]
+    assert [a.files for a in again] == [[Path(p).read_bytes() for p in g] for g in (g1, g2)]
 
 
 def test_a_worker_killed_with_groups_in_flight_fails_each_of_them(files: list[str], tmp_path: Path) -> None:
@@ -245,7 +246,7 @@ def test_parts_of_a_worker_dead_before_its_first_group_go_to_another(
     want = [[Path(p).read_bytes() for p in files[i : i + 4]] for i in (0, 4, 8)]
     first, second, later = got[2:]
     assert first is None  # sent to the dead worker: the reader reads it on the loop
-    assert [second[0], later[0]] == want[1:]  # passed over to the live worker, not hung
+    assert [second.files, later.files] == want[1:]  # passed over to the live worker, not hung
 
 
 def test_a_reader_with_workers_reads_like_one_without(files: list[str], tmp_path: Path) -> None:
@@ -288,7 +289,7 @@ class FlakyWorkers:
                 out.append(OSError(errno.EIO, "I/O error", path))
             else:
                 out.append(Path(path).read_bytes())
-        return out, False, [0.0] * len(out)
+        return GroupRead(out, False, [0.0] * len(out))
 
     def close(self, grace: float = 2.0) -> None:
         pass
@@ -345,7 +346,8 @@ def test_a_workers_group_read_lands_in_its_buffer(files: list[str], tmp_path: Pa
     big.write_bytes(os.urandom(100))
     paths = [files[0], files[1], str(big), files[2], str(tmp_path / "missing"), str(tmp_path), files[3]]
     buf = memoryview(bytearray(140))
-    got, slow, times = readproc.read_into(buf, paths, ReadPace())
+    answer = readproc.read_into(buf, paths, ReadPace())
+    got, slow, times = answer.files, answer.slow, answer.times
     assert not slow and len(got) == len(times) == len(paths)
     placed = [bytes(buf[o : o + n]) if type(r) is tuple and (o := r[0], n := r[1]) else r for r in got]
     assert placed[:4] == [Path(p).read_bytes() for p in paths[:4]]
@@ -359,12 +361,12 @@ def test_a_workers_group_stops_at_a_slow_read_or_its_budget(files: list[str]) ->
     buf = memoryview(bytearray(1 << 16))
     every_read_slow = ReadPace()
     every_read_slow.slow = -1.0
-    got, slow, _ = readproc.read_into(buf, files, every_read_slow)
-    assert slow and len(got) == 1
+    answer = readproc.read_into(buf, files, every_read_slow)
+    assert answer.slow and len(answer.files) == 1
     no_budget = ReadPace()
     no_budget.slow, no_budget.budget = math.inf, -1.0
-    got, slow, _ = readproc.read_into(buf, files, no_budget)
-    assert not slow and len(got) == 1
+    answer = readproc.read_into(buf, files, no_budget)
+    assert not answer.slow and len(answer.files) == 1
 
 
 def test_a_group_that_cannot_be_sent_holds_no_part(files: list[str]) -> None:
@@ -381,4 +383,4 @@ def test_a_group_that_cannot_be_sent_holds_no_part(files: list[str]) -> None:
         got = on_loop(go)
     finally:
         workers.close()
-    assert [a[0] for a in got] == [[Path(p).read_bytes() for p in g] for g in (files[:3], files[3:6])]
+    assert [a.files for a in got] == [[Path(p).read_bytes() for p in g] for g in (files[:3], files[3:6])]

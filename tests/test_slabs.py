@@ -45,6 +45,7 @@ from aioloader.memory.slabs import SlabPool, shm_available
 from aioloader.observe.stats import Counters
 from aioloader.plan.sampler import plan_epoch
 from aioloader.run import wire
+from aioloader.run.messages import BatchMsg
 from aioloader.run.procruntime import _Channel
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs shared memory (memfd or /dev/shm)")
@@ -334,7 +335,7 @@ def test_a_reused_descriptor_number_is_never_mapped(tmp_path: Path, monkeypatch:
             located = [wire.Located(handle, int(np.frombuffer(m, dtype=np.uint8).ctypes.data), 64)]
             treedef, leaves, handles = wire.encode(np.frombuffer(m, dtype=np.uint8)[:8], located)
             counts = channel.counters.loader_side()
-            item = channel.to_item(("item", 0, 5, 4, 1, treedef, leaves, handles, counts))
+            item = channel.to_item(BatchMsg(0, 5, 4, (1,), treedef, leaves, handles, counts))
             assert isinstance(item, Failure) and isinstance(item.error, LoaderError)
             assert "batch 5: its shared memory is gone" in str(item.error)
             assert os.read(back_r, 100) == b"R " + handle.name.encode() + b"\n"  # given back

@@ -172,7 +172,7 @@ def test_a_loader_processs_loop_figure_reaches_the_trainers_verdict() -> None:
     clock, cpu = FakeClock(), FakeClock()
     loader_side = Counters(8, 2, NO_DECODE, clock=clock)
     trainer = Counters(8, 2, NO_DECODE, clock=clock)
-    assert "loop" not in loader_side.loader_side()[6]  # nothing measured: nothing sent
+    assert "loop" not in loader_side.loader_side().stages  # nothing measured: nothing sent
     loader_side.loop.bind(cpu)
     trainer.begin_epoch(0)
     for _ in range(30):  # a batch every second, 0.9 s of it waited for, the loop on a CPU 95%

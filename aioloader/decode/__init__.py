@@ -6,7 +6,7 @@ device decode (both its sides, in ``ondevice/``).
 | ``contract.py`` | what the engine and the tuner ask of any stage: ``DecodeStageLike``, ``DecodeRequest`` |
 | ``stage.py`` | the local stage the engine awaits: slots, hot start, timeouts, crashes, resubmission |
 | ``faults.py`` | pure: what a worker's death makes of each row in flight: again, timed out, poison |
-| ``chunk.py`` | what crosses to a worker: the ``Chunk`` task |
+| ``chunk.py`` | what crosses to a worker and back: the ``Chunk`` task (its ``Shrink``), the answers |
 | ``worker.py`` | inside a worker: the installed ``decode``, ``sample_rng``, its lifeline |
 | ``pool.py`` | the worker processes: forkserver start in the background, crash recovery, bounded shutdown |
 | ``image.py`` | ``ImageDecoder``: Pillow decode with JPEG draft mode, any mode to RGB, crops |

@@ -1,11 +1,26 @@
-"""What crosses between the loader and a decode worker: one task.
+"""What crosses between the loader and a decode worker: one task, and its answer.
 
-A :class:`Chunk` is one task: several samples of one batch, each ``(row, dataset index,
-source)``, where the source is ``(offset, length)`` in the slab's input arena (or the bytes
-themselves), plus the slab's handle (a name, a path, an inode: :mod:`aioloader.memory.segments`)
-and where outputs may go. A worker answers with one typed result per sample
-(:mod:`aioloader.memory.results`), writing the arrays into the slab on the way
-(:mod:`aioloader.memory.writer`).
+loader -> worker (:class:`~concurrent.futures.ProcessPoolExecutor` tasks,
+:mod:`aioloader.decode.pool`):
+
+- :class:`Chunk`, one task: several samples of one batch, each ``(row, dataset index,
+  source)``, where the source is ``(offset, length)`` in bytes in the slab's input arena (or
+  the bytes themselves), plus the slab's handle (a name, a path, an inode:
+  :mod:`aioloader.memory.segments`), where outputs may go and, with ``Cache(max_side=...)``,
+  which rows to decode small (:class:`Shrink`). Run by
+  :func:`~aioloader.decode.worker.run_chunk`.
+- ``warm_up`` (no arguments), once per worker as the pool starts.
+
+worker -> loader, each task's return value:
+
+- for a :class:`Chunk`, one typed result per sample, in order
+  (:mod:`aioloader.memory.results`: ``Written``, ``InArea``, ``Pickled``, ``Failed``,
+  ``Shrunk``), the arrays written into the slab on the way (:mod:`aioloader.memory.writer`);
+- for ``warm_up``, the worker's pid (or its ``NotLoaded``: the ``decode`` did not unpickle).
+
+A chunk's items stay ``(row, index, source)`` tuples: there are many per task, each
+unpacked by name where it is read, and a record per sample would cost the pipe a class
+reference each.
 """
 
 from __future__ import annotations
@@ -17,7 +32,21 @@ from aioloader.memory.layout import SlabLayout
 from aioloader.memory.results import Source
 from aioloader.memory.segments import SegmentHandle
 
-__all__ = ["Chunk"]
+__all__ = ["Chunk", "Shrink"]
+
+
+@dataclass(frozen=True, slots=True)
+class Shrink:
+    """``Cache(max_side=...)``'s part of a chunk: its ``rows`` whose file the sample cache
+    keeps downscaled, each made once that row decodes: at most ``max_side`` pixels on its
+    longer side, a JPEG of ``quality`` (1..95) (:mod:`aioloader.decode.shrink`)."""
+
+    max_side: int
+    quality: int
+    rows: frozenset[int]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Shrink, (self.max_side, self.quality, self.rows))
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +55,9 @@ class Chunk:
     pickled); ``out`` is ``(offset, size)`` of this chunk's share of the output area, if
     any; ``inputs`` how to map the batch's input arena, where an item's ``(offset, size)``
     source lies from ``inputs_at`` on; ``forget``, names of slabs closed lately, that the
-    worker unmaps if it still maps them; ``shrink``, ``(max_side, quality, rows)``: the rows
-    whose file the sample cache keeps downscaled, made once each decodes
-    (:mod:`aioloader.decode.shrink`; their results come back :class:`~aioloader.memory.results.Shrunk`)."""
+    worker unmaps if it still maps them; ``shrink``, the rows whose file the sample cache keeps
+    downscaled, made once each decodes (their results come back
+    :class:`~aioloader.memory.results.Shrunk`)."""
 
     slab: SegmentHandle | None
     layout: SlabLayout | None
@@ -39,7 +68,7 @@ class Chunk:
     inputs: SegmentHandle | None = None
     inputs_at: int = 0
     forget: tuple[str, ...] = ()
-    shrink: tuple[int, int, frozenset[int]] | None = None
+    shrink: Shrink | None = None
 
     # Every task and every answer crosses a pipe pickled, several per batch: a slotted
     # dataclass pickles through its __getstate__ (a dict of its fields), several times

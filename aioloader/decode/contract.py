@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from aioloader.decode.chunk import Shrink
 from aioloader.errors import SampleError
 from aioloader.memory.results import RowResult, Shrunk
 
@@ -34,7 +35,6 @@ ChunkItem = tuple[int, int, Any]
 #: ``(max_side, quality, rows)``: the rows of a chunk whose file the sample cache keeps
 #: downscaled (longest side at most ``max_side`` pixels, JPEG ``quality`` 1-100), a non-empty
 #: subset of the chunk's rows (:func:`aioloader.engine.caching.shrink_for`).
-Shrink = tuple[int, int, frozenset[int]]
 
 
 @dataclass(frozen=True, slots=True)

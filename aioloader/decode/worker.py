@@ -178,7 +178,7 @@ def decode_chunk(
             data = inputs[chunk.inputs_at + src[0] : chunk.inputs_at + src[0] + src[1]]
         else:
             data = src
-        if chunk.shrink is not None and row in chunk.shrink[2]:
+        if chunk.shrink is not None and row in chunk.shrink.rows:
             results.append(_shrunk(decode, data, out, row, chunk, index))
         else:
             results.append(_decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index))
@@ -205,7 +205,7 @@ def _shrunk(
 
     assert chunk.shrink is not None
     try:
-        small = shrink(data, chunk.shrink[0], chunk.shrink[1])
+        small = shrink(data, chunk.shrink.max_side, chunk.shrink.quality)
     except Exception:  # noqa: BLE001 - only the entry is lost: the decode has the file
         return _decode_one(decode, data, out, row, chunk.seed, chunk.epoch, index)
     res = _decode_one(decode, data if small is None else small, out, row, chunk.seed, chunk.epoch, index)

@@ -68,12 +68,11 @@ def keep_read(cache: SampleCache, fills: Fills, row: int, src: Source, arena: Ar
 
 
 def shrink_for(cache: SampleCache | None, fills: Fills, items: list[ChunkItem]) -> Shrink | None:
-    """``(max_side, quality, rows)``: the chunk's misses, whose files its workers decode
-    small (and hand the small image to the cache); None without ``max_side``. Hits are
-    small already."""
+    """The chunk's misses, whose files its workers decode small (and hand the small image
+    to the cache); None without ``max_side``. Hits are small already."""
     spec = cache.shrink if cache is not None else None
     rows = frozenset(r for r, _, _ in items if r in fills)
-    return None if spec is None or not rows else (*spec, rows)
+    return None if spec is None or not rows else Shrink(*spec, rows)
 
 
 def keep_decoded(

@@ -9,8 +9,8 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TypeAlias
+from dataclasses import dataclass, replace
+from typing import Any, TypeAlias
 
 from aioloader.observe.bottleneck import WAIT_SHARE, Bottleneck, Setup, counted, diagnose
 from aioloader.observe.cachestats import CacheStats
@@ -32,14 +32,34 @@ __all__ = ["WINDOW", "ClusterStats", "Counters", "DeviceDecodeStats", "LoaderSid
 
 log = logging.getLogger("aioloader")
 
-#: bytes read, samples attempted, failures by reason, last failed paths, read retries,
-#: worker restarts, the loading stages' figures, the device decode's loader side, the sample
-#: cache's counts: what a loader process counts for the trainer's counters.
-_Failures: TypeAlias = dict[str, int]
 _Stages: TypeAlias = dict[str, StageStats]
-LoaderSide = tuple[
-    int, int, _Failures, tuple[str, ...], int, int, _Stages, DeviceSide | None, CacheStats | None
-]
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderSide:
+    """What a loader process counts for the trainer's counters, over the loader's life
+    (:meth:`Counters.loader_side`; it crosses with each batch, :mod:`aioloader.run.messages`):
+    ``bytes_read``, samples ``attempted``, ``failures`` by reason, the last
+    ``failed_paths``, ``read_retries``, ``worker_restarts``, the loading ``stages``'
+    figures by name, the device decode's loader side (None without it) and the sample
+    cache's counts (None without a cache)."""
+
+    bytes_read: int
+    attempted: int
+    failures: dict[str, int]
+    failed_paths: tuple[str, ...]
+    read_retries: int
+    worker_restarts: int
+    stages: _Stages
+    device: DeviceSide | None
+    cache: CacheStats | None
+
+    # Pickled with every batch: a constructor call, not a __setstate__ (see decode/chunk.py).
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = (self.bytes_read, self.attempted, self.failures, self.failed_paths, self.read_retries)
+        return (LoaderSide, (*fields, self.worker_restarts, self.stages, self.device, self.cache))
+
+
 #: Batches the bottleneck and its warning look back over.
 WINDOW = 50
 #: Fewest batches the warning judges (an epoch's last ones, after its last full window).
@@ -301,24 +321,23 @@ class Counters:
         if self.loop.bound:  # this process runs the loop: its figure crosses with the others
             stages[LOOP] = self.loop.snapshot()
         side = None if device is None else device.loader_side()
-        return (*counts, stages, side, cache)
+        return LoaderSide(*counts, stages, side, cache)
 
     def absorb(self, counts: LoaderSide) -> None:
         """Take over what a loader process counted (:meth:`loader_side`), its new failures
         added to those counted on this side (the device decode's, on the bridge)."""
-        bytes_read, attempted, failures, paths, retries, restarts, stages, device, cache = counts
-        theirs = Counter(failures)
+        theirs = Counter(counts.failures)
         with self._lock:
-            self.cache = cache
-            self._absorbed = stages
-            self.bytes_read, self.attempted = bytes_read, attempted
+            self.cache = counts.cache
+            self._absorbed = counts.stages
+            self.bytes_read, self.attempted = counts.bytes_read, counts.attempted
             new = theirs.total() - self._absorbed_failures.total()
             self.failures = self.failures + theirs - self._absorbed_failures
             self._absorbed_failures = theirs
-            self.failed_paths.extend(paths[-new:] if new > 0 else ())
-            self.read_retries, self.worker_restarts = retries, restarts
-            if device is not None:
-                self.device = with_loader_side(self.device, device)
+            self.failed_paths.extend(counts.failed_paths[-new:] if new > 0 else ())
+            self.read_retries, self.worker_restarts = counts.read_retries, counts.worker_restarts
+            if counts.device is not None:
+                self.device = with_loader_side(self.device, counts.device)
 
     def device_loader_side(self, cpu: int, reasons: dict[str, int], share: float, why: str) -> None:
         """The device decode's stage (loader side): ``cpu`` more samples for the workers,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 __all__ = [
     "BRIDGE_FALLBACK",
@@ -24,9 +25,21 @@ BRIDGE_FALLBACK = "device decode failed"
 #: The reason counted for a sample neither the device nor Pillow decoded (skipped).
 UNDECODABLE = "undecodable, skipped"
 
-#: The device decode's loader side: samples the CPU workers decoded, the samples sent to them
-#: by reason (not a JPEG the GPU takes, ...), the workers' share now and why.
-DeviceSide = tuple[int, dict[str, int], float, str]
+
+@dataclass(frozen=True, slots=True)
+class DeviceSide:
+    """The device decode's loader side, over the loader's life (a loader process sends it
+    to the trainer in :class:`~aioloader.observe.stats.LoaderSide`): ``cpu``, samples the
+    CPU workers decoded; ``fallbacks``, the samples sent to them by reason (not a JPEG the
+    GPU takes, ...); the workers' ``share`` of each batch now (0..1) and ``share_reason``."""
+
+    cpu: int
+    fallbacks: dict[str, int]
+    share: float
+    share_reason: str
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (DeviceSide, (self.cpu, self.fallbacks, self.share, self.share_reason))
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,7 @@ class DeviceDecodeStats:
 
     def loader_side(self) -> DeviceSide:
         """What the loader's stage counted, for :func:`with_loader_side` in another process."""
-        return (self.cpu, dict(self.fallbacks), self.share, self.share_reason)
+        return DeviceSide(self.cpu, dict(self.fallbacks), self.share, self.share_reason)
 
     @property
     def cpu_fraction(self) -> float:
@@ -122,16 +135,16 @@ def add_loader_side(
     mine = mine or DeviceDecodeStats()
     merged = Counter({k: v for k, v in mine.fallbacks.items() if k not in _BRIDGE})
     merged.update(reasons)
-    return with_loader_side(mine, (mine.cpu + cpu, dict(merged), share, why))
+    return with_loader_side(mine, DeviceSide(mine.cpu + cpu, dict(merged), share, why))
 
 
 def with_loader_side(mine: DeviceDecodeStats | None, side: DeviceSide) -> DeviceDecodeStats:
     """``mine`` with its loader side replaced by ``side`` (a loader process's totals); the
     bridge's counts stay."""
-    cpu, reasons, share, why = side
     mine = mine or DeviceDecodeStats()
     bridge = {k: v for k, v in mine.fallbacks.items() if k in _BRIDGE}
-    return replace(mine, cpu=cpu, fallbacks={**reasons, **bridge}, share=share, share_reason=why)
+    fallbacks = {**side.fallbacks, **bridge}
+    return replace(mine, cpu=side.cpu, fallbacks=fallbacks, share=side.share, share_reason=side.share_reason)
 
 
 def add_bridge_side(

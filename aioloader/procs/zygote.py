@@ -38,6 +38,12 @@ directory and ``sys.path`` of the moment its loader starts (:mod:`aioloader.proc
 Where it cannot be made (not POSIX, a Python whose fork-server internals differ, a loader
 thread already running), :func:`context` returns None and workers come from the stock
 ``forkserver``.
+
+What it is asked and answers is multiprocessing's fork-server protocol (the helper's
+descriptors, then its preparation data and process object pickled, written by
+:func:`~aioloader.procs.forking.launch`; the new pid back), served by the standard library's
+own loop: none of it is defined here. What aioloader adds is one record, :class:`Address`:
+how a loader process reaches its trainer's zygote (:func:`address`, then :func:`adopt`).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ import stat
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing import (
     connection,
     forkserver,
@@ -64,7 +71,7 @@ from typing import Any
 
 from aioloader.procs import cleanstart, forking, forksafe, roles
 
-__all__ = ["address", "adopt", "context", "early", "pid", "started_by"]
+__all__ = ["Address", "address", "adopt", "context", "early", "pid", "started_by"]
 
 _lock = threading.Lock()
 _server: _Zygote | None = None
@@ -256,16 +263,28 @@ def pid() -> int | None:
     return _server._forkserver_pid if _server is not None else None
 
 
-def address() -> tuple[Any, int] | None:
-    """``(socket address, pid)`` of this process's zygote, for :func:`adopt` in a process it
-    forks (the loader process); None when there is none."""
+@dataclass(frozen=True, slots=True)
+class Address:
+    """Where a zygote listens: its Unix ``socket`` address (a path, or an abstract name) and
+    its ``pid``; sent to the loader process with its start."""
+
+    socket: Any
+    pid: int
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Address, (self.socket, self.pid))
+
+
+def address() -> Address | None:
+    """Where this process's zygote listens, for :func:`adopt` in a process it forks (the
+    loader process); None when there is none."""
     with _lock:
         if _context is None or _server is None:
             return None
-        return _server._forkserver_address, _server._forkserver_pid
+        return Address(_server._forkserver_address, _server._forkserver_pid)
 
 
-def adopt(where: tuple[Any, int]) -> None:
+def adopt(where: Address) -> None:
     """In a process the zygote forked (the loader process): ask that zygote, at ``where``
     (from :func:`address`), for this process's decode workers too. Their lifeline is this
     process (multiprocessing's parent sentinel); like the trainer's workers, they get the
@@ -274,7 +293,7 @@ def adopt(where: tuple[Any, int]) -> None:
     server = _Zygote()
     unread_r, unread_w = os.pipe()
     os.close(unread_r)
-    server._forkserver_address, server._forkserver_pid = where
+    server._forkserver_address, server._forkserver_pid = where.socket, where.pid
     server._forkserver_alive_fd = unread_w
     with _lock:
         _server, _context = server, ZygoteContext()

@@ -11,6 +11,7 @@ threads, URLs on the event loop. Above
 | ``routing.py`` | pure: which way a chunk of reads goes (reader processes, the loop, a thread, one per hop) |
 | ``workers.py`` | reader processes (``decode=None``): groups of small local files read elsewhere |
 | ``readproc.py`` | what runs in a reader process: each group read into its part of a shared buffer |
+| ``readmsgs.py`` | a reader process's messages: ``Group`` (framed and parsed once), ``GroupRead`` |
 | ``mounts.py`` | which filesystems answer a read whole but at the end (a size hint may skip the fstat) |
 | ``remote.py`` | URLs read: one client per protocol, fault classes, prefix listing |
 | ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, ``storage_options`` (S3's: as botocore's) |

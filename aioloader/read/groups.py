@@ -114,10 +114,10 @@ class Groups:
             assert self.workers is not None
             with self.meter.timed() as timed:
                 answer = await self.workers.read(paths)
-                timed.per = len(answer[0]) if answer else 1
+                timed.per = len(answer.files) if answer else 1
             if answer is not None:
-                self.pace.observe_all(answer[2])
-                return answer[0], answer[1]
+                self.pace.observe_all(answer.times)
+                return answer.files, answer.slow
             way = LOOP  # no worker could: read here
         one: Callable[[str], Source]
         if self.own:

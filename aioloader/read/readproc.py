@@ -5,7 +5,7 @@ The process holds its buffer and its pipe, nothing else: it reads what it is sen
 order sent, answers and takes the next group, until the pipe closes (the loader closed) or its
 parent is gone (:mod:`aioloader.safety.lifeline`). The buffer has :data:`PARTS` parts, so the
 loader sends the next group while this one is read, into another part: the process does not
-wait a round trip between groups.
+wait a round trip between groups. What it is sent and answers is :mod:`aioloader.read.readmsgs`.
 """
 
 from __future__ import annotations
@@ -20,24 +20,21 @@ from typing import Any
 from aioloader.memory.segments import SegmentHandle, attach
 from aioloader.procs import roles
 from aioloader.read.blocking import HINT_MAX, MOUNTS, ReadPace, named, own_time, read_file, run_queue_seconds
+from aioloader.read.readmsgs import GroupRead, parse_group
 from aioloader.read.urls import local_path
 from aioloader.safety import lifeline
 
-__all__ = ["PARTS", "Answer", "main", "read_into"]
+__all__ = ["PARTS", "main", "read_into"]
 
 #: Groups a process may be sent before it answers the first: one read, one waiting in the
 #: pipe. Each has a part of the buffer, until the loop has copied its files out.
 PARTS = 2
 
-#: A group's answer: each file's ``(offset, length)`` in the buffer (or its bytes, or its
-#: ``OSError``), whether the last read was slow, and how long each read took.
-Answer = tuple[list[Any], bool, list[float]]
-
 
 def main(conn: Connection, handle: SegmentHandle) -> None:
-    """A reader process's life (the ``target`` it is started with): read each group it is
-    sent (the part's number in one byte, then the pickled paths) into that part of the
-    buffer ``handle`` names (offsets in the answer are the part's), answer, until the pipe
+    """A reader process's life (the ``target`` it is started with): read each
+    :class:`~aioloader.read.readmsgs.Group` it is sent into that part of the buffer
+    ``handle`` names (offsets in the answer are the part's), answer, until the pipe
     closes."""
     roles.become("reader")
     lifeline.follow_parent()
@@ -53,15 +50,15 @@ def main(conn: Connection, handle: SegmentHandle) -> None:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        part, paths = data[0], pickle.loads(memoryview(data)[1:])  # the part's number, then the paths
-        answer = read_into(parts[part], paths, ReadPace())
+        group = parse_group(data)
+        answer = read_into(parts[group.part], group.paths, ReadPace())
         try:
             conn.send_bytes(pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:  # the loader closed while this group was read: nobody waits for it
             return
 
 
-def read_into(buf: memoryview, paths: list[str], pace: ReadPace) -> Answer:
+def read_into(buf: memoryview, paths: list[str], pace: ReadPace) -> GroupRead:
     """``paths`` read one after another into ``buf`` (a group's rules: see
     :func:`~aioloader.read.blocking.read_group`), each as ``(offset, length)`` there, its
     bytes when it does not fit, or its ``OSError``.
@@ -114,8 +111,8 @@ def read_into(buf: memoryview, paths: list[str], pace: ReadPace) -> Answer:
             took, queued = own_time(took, queued)
         times.append(took)
         if took > pace.slow:
-            return out, True, times
+            return GroupRead(out, True, times)
         if now - start > pace.budget:
             break
         t = now
-    return out, False, times
+    return GroupRead(out, False, times)

@@ -39,7 +39,8 @@ from typing import Any
 
 from aioloader.memory.segments import Segment, choose_kind
 from aioloader.procs import roles, zygote
-from aioloader.read.readproc import PARTS, Answer, main
+from aioloader.read.readmsgs import GroupRead, frame_group, pickle_paths
+from aioloader.read.readproc import PARTS, main
 
 __all__ = ["BUFFER_BYTES", "ReadWorkers"]
 
@@ -60,7 +61,7 @@ class _Worker:
         self.view = memoryview(segment.mmap)
         #: The groups sent and not yet answered, in order: each one's answer (dropped when it
         #: comes if its wait was cancelled) and its part of the buffer.
-        self.sent: deque[tuple[asyncio.Future[Answer | None], int]] = deque()
+        self.sent: deque[tuple[asyncio.Future[GroupRead | None], int]] = deque()
         self.lost = False
 
     def part(self, part: int) -> memoryview:
@@ -125,13 +126,13 @@ class ReadWorkers:
         """Whether a worker can take a group now or soon (one has started and lives)."""
         return self._live > 0 or bool(self._started)
 
-    async def read(self, paths: list[str]) -> Answer | None:
+    async def read(self, paths: list[str]) -> GroupRead | None:
         """``paths`` read by a worker: each as ``bytes`` (or its ``OSError``), up to the
         first slow read or the group's budget; None when no worker could (the caller reads
         them). Cancelled, the answer is dropped when it comes."""
         # Pickled before a part is taken: a path that cannot be pickled fails here, holding
         # nothing (a part taken and not sent would pair the next answer with the wrong part).
-        blob = pickle.dumps(paths, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = pickle_paths(paths)
         while True:
             slot = await self._take()
             if slot is None:
@@ -140,12 +141,12 @@ class ReadWorkers:
             if not worker.lost:  # a part handed over just before its worker was found dead
                 break
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Answer | None] = loop.create_future()
+        answer: asyncio.Future[GroupRead | None] = loop.create_future()
         worker.sent.append((answer, part))
         try:
             if len(worker.sent) == 1:  # one reader callback answers every group in flight
                 loop.add_reader(worker.conn.fileno(), self._answered, worker)
-            worker.conn.send_bytes(bytes((part,)) + blob)
+            worker.conn.send_bytes(frame_group(part, blob))
         except (OSError, ValueError):  # the worker is gone: its groups, this one too, fail
             self._lost(worker)
         return await answer
@@ -186,7 +187,7 @@ class ReadWorkers:
         """The worker answered its oldest group (or died): the files are copied out of that
         part of its buffer now, before the part may take another group."""
         try:
-            got, slow, times = pickle.loads(worker.conn.recv_bytes())
+            got: GroupRead = pickle.loads(worker.conn.recv_bytes())
         except (EOFError, OSError):
             self._lost(worker)
             return
@@ -194,11 +195,11 @@ class ReadWorkers:
         if not worker.sent:
             asyncio.get_running_loop().remove_reader(worker.conn.fileno())
         view = worker.part(part)
-        out = [view[r[0] : r[0] + r[1]].tobytes() if type(r) is tuple else r for r in got]
+        out = [view[r[0] : r[0] + r[1]].tobytes() if type(r) is tuple else r for r in got.files]
         view.release()
         self._give_back((worker, part))
         if not answer.done():
-            answer.set_result((out, slow, times))
+            answer.set_result(GroupRead(out, got.slow, got.times))
 
     def _lost(self, worker: _Worker) -> None:
         if worker.lost:

@@ -7,6 +7,7 @@ trainer keeping only the bridge. Above the engine, below ``loader.py``.
 | ``runtime.py`` | in-process: the ``aioloader-loop`` thread, the pipeline, the bridge, bounded shutdown |
 | ``procruntime.py`` | the trainer's side of a loader process: the process, the bridge reading its messages |
 | ``loaderproc.py`` | the loader process: the pipeline on its own loop, flow control, its two channels |
+| ``messages.py`` | what the two say to each other: one type per message; the back pipe's lines, parsed once |
 | ``wire.py`` | how a batch crosses between the two: slab views as references, large arrays spilled, errors |
 | ``spills.py`` | the loader process's segments for spilled arrays, reused once the trainer lets go |
 | ``pipeline.py`` | the loading parts (reader, decode pool, slabs, collate thread, engine), built and closed |

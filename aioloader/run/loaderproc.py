@@ -8,19 +8,17 @@ same zygote for its decode workers (:func:`~aioloader.procs.zygote.adopt`). It e
 trainer, however the trainer ends (:func:`~aioloader.safety.lifeline.follow_parent`). Its
 event loop runs on its main thread.
 
-Two channels join it to the trainer (:mod:`aioloader.run.procruntime`)::
+Two channels join it to the trainer (:mod:`aioloader.run.procruntime`); their messages, with
+their fields, are :mod:`aioloader.run.messages`::
 
-    trainer --- control Connection: ("run", id, epoch, resume, restore) ("cancel", id)
-                ("close",) --->  loader
-    trainer <-- the same Connection: ("ready",) ("item", id, ...) ("end", id, ...)
-                ("fail", id, ...) ("log", record) ("closed", cache) -------------  loader
-    trainer --- back pipe, one os.write per line (a C line and its W line in one):
-                b"R <slab>" (a batch's views are all garbage) b"C <id>" (the bridge
-                took an item: one more may be sent) b"W <seconds> <batches>" (the
-                trainer's totals of seconds waited for batches and batches delivered,
-                with a C line when they grew) ---> loader
+    trainer --- control Connection: StartRun CancelRun Close ---------------------->  loader
+    trainer <-- the same Connection: Ready BatchMsg EndMsg FailMsg LogMsg Closed ----  loader
+    trainer --- back pipe, one os.write per line (a Taken line and its Waited line in one):
+                Released "R <slab>" (a batch's views are all garbage), Taken "C <id>" (the
+                bridge took an item: one more may be sent), Waited "W <seconds> <batches>"
+                (the trainer's totals, with a Taken line when they grew) --------->  loader
 
-The W line steers the device decode's hybrid share by the trainer's wait
+The Waited line steers the device decode's hybrid share by the trainer's wait
 (:mod:`aioloader.observe.trainerwait`): the loader process's meter is set to its totals.
 
 Flow control: at most ``prefetch`` items of a run are sent and not yet taken. A batch's
@@ -54,6 +52,24 @@ from aioloader.memory.segments import Segment, choose_kind
 from aioloader.plan.resume import ResumePoint, plan_for
 from aioloader.procs import roles, zygote
 from aioloader.read.urls import is_remote
+from aioloader.run.messages import (
+    BatchMsg,
+    CancelRun,
+    Close,
+    Closed,
+    Control,
+    EndMsg,
+    FailMsg,
+    LogMsg,
+    Ready,
+    Released,
+    Report,
+    Restore,
+    StartRun,
+    Taken,
+    Waited,
+    parse_back,
+)
 from aioloader.run.pipeline import Pipeline, build
 from aioloader.run.spills import SpillPool
 from aioloader.run.wire import Located, encode, pack_error, spill
@@ -69,7 +85,7 @@ def main(
     back: Connection,
     pickled_config: bytes,
     dataset: FileDataset,
-    where: tuple[Any, int] | None,
+    where: zygote.Address | None,
     log_level: int = logging.WARNING,
 ) -> None:
     """The loader process's whole life (the ``target`` the trainer starts it with);
@@ -95,7 +111,7 @@ def main(
     try:
         config: LoaderConfig = pickle.loads(pickled_config)
     except BaseException as exc:  # noqa: BLE001 - the trainer raises it
-        send(("ready", pack_error(exc)))
+        send(Ready(pack_error(exc)))
         return
     try:
         import uvloop
@@ -116,7 +132,7 @@ class Sender:
         self.conn = conn
         self.lock = threading.Lock()
 
-    def __call__(self, msg: tuple[Any, ...]) -> None:
+    def __call__(self, msg: Report) -> None:
         self.raw(pickle.dumps(msg, protocol=5))
 
     def raw(self, data: bytes) -> None:
@@ -140,7 +156,7 @@ def _forward_logs(send: Sender, level: int) -> None:
                 if record.exc_info:
                     record.exc_text = logging.Formatter().formatException(record.exc_info)
                     record.exc_info = None
-                send(("log", record))
+                send(LogMsg(record))
             except Exception:  # noqa: BLE001 - a log line must never stop loading
                 pass
 
@@ -186,7 +202,7 @@ class Host:
                 self.config, self.dataset, self.counters, parent.pid if parent is not None else None
             )
         except BaseException as exc:  # noqa: BLE001 - the trainer raises it
-            self.send(("ready", pack_error(exc)))
+            self.send(Ready(pack_error(exc)))
             return
         # The control messages are read by a thread of their own: the loop's add_reader would
         # make the socket non-blocking, and it is also the one the items are written to.
@@ -194,7 +210,7 @@ class Host:
             target=self._read_control, args=(loop,), name="aioloader-control", daemon=True
         ).start()
         loop.add_reader(self.back.fileno(), self._on_back)
-        self.send(("ready", None))
+        self.send(Ready(None))
         try:
             await self.closed.wait()
         finally:
@@ -222,32 +238,33 @@ class Host:
             # Last: the sample cache's counts as closing left them (its last writes landed
             # after the last batch's counts were sent), for the trainer's stats.
             try:
-                self.send(("closed", self.counters.cache))
+                self.send(Closed(self.counters.cache))
             except OSError:  # the trainer is gone
                 pass
 
     def _read_control(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
+            msg: Control
             try:
                 msg = pickle.loads(self.conn.recv_bytes())
             except (EOFError, OSError):
-                msg = ("close",)
+                msg = Close()
             try:
                 loop.call_soon_threadsafe(self._on_control, msg)
             except RuntimeError:  # the loop is closed: the process is ending
                 return
-            if msg[0] == "close":
+            if isinstance(msg, Close):
                 return
 
-    def _on_control(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "run":
-            _, run_id, epoch, resume, restore = msg
-            self._start_run(run_id, epoch, resume, restore)
-        elif kind == "cancel" and msg[1] == self.run_id and self.task is not None:
-            self.task.cancel()
-        elif kind == "close":
-            self.closed.set()
+    def _on_control(self, msg: Control) -> None:
+        match msg:
+            case StartRun():
+                self._start_run(msg.run_id, msg.epoch, msg.resume, msg.restore)
+            case CancelRun():
+                if msg.run_id == self.run_id and self.task is not None:
+                    self.task.cancel()
+            case Close():
+                self.closed.set()
 
     def _on_back(self) -> None:
         try:
@@ -259,28 +276,27 @@ class Host:
             return
         *lines, self._partial = (self._partial + data).split(b"\n")
         for line in lines:
-            kind, _, arg = line.partition(b" ")
-            if kind == b"R":
-                name = arg.decode()
-                values = self.held.get(name)
+            msg = parse_back(line)
+            if isinstance(msg, Released):
+                values = self.held.get(msg.slab)
                 if values:
                     value = values.popleft()  # its views go: the slab returns to the pool
                     if isinstance(value, Segment) and self.spills is not None:
                         self.spills.give(value)  # for the next batch's spilled leaves
-                        del self.held[name]
-            elif kind == b"C" and int(arg) == self.run_id and self.credits is not None:
-                self.credits.release()
-            elif kind == b"W":
-                waited, _, batches = arg.partition(b" ")
-                self.counters.trainer_wait.set_totals(float(waited), int(batches))
+                        del self.held[msg.slab]
+            elif isinstance(msg, Taken):
+                if msg.run_id == self.run_id and self.credits is not None:
+                    self.credits.release()
+            elif isinstance(msg, Waited):
+                self.counters.trainer_wait.set_totals(msg.seconds, msg.batches)
 
     def _start_run(
-        self, run_id: int, epoch: int, resume: ResumePoint | None, restore: tuple[dict[str, int], int] | None
+        self, run_id: int, epoch: int, resume: ResumePoint | None, restore: Restore | None
     ) -> None:
         if self.task is not None:
             self.task.cancel()
         if restore is not None:
-            self.counters.restore_failures(*restore)
+            self.counters.restore_failures(restore.failures, restore.attempted)
         self.run_id = run_id
         self.credits = asyncio.Semaphore(self.config.delivery.prefetch)
         # The one place a loader process's epoch plan is made: the trainer sent (epoch, resume).
@@ -309,7 +325,7 @@ class Host:
                 except Exception as exc:  # noqa: BLE001 - a bug of ours must still reach the trainer
                     err = LoaderError(f"loading stopped: {type(exc).__name__}: {exc}")
                     err.__cause__ = exc
-                    self.send(("fail", run_id, pack_error(err), self.counters.loader_side()))
+                    self.send(FailMsg(run_id, pack_error(err), self.counters.loader_side()))
                     return
                 if not isinstance(item, Batch):
                     return
@@ -321,10 +337,10 @@ class Host:
         """A batch's message, to be written; an end or a failure is sent now (None)."""
         counts = self.counters.loader_side()
         if isinstance(item, End):
-            self.send(("end", run_id, counts))
+            self.send(EndMsg(run_id, counts))
             return None
         if isinstance(item, Failure):
-            self.send(("fail", run_id, pack_error(item.error), counts))
+            self.send(FailMsg(run_id, pack_error(item.error), counts))
             return None
         slabs = self.parts.slabs.live_slabs() if self.parts is not None and self.parts.slabs else []
         located = [Located(s.handle, s.address, s.layout.size) for s in slabs]
@@ -332,7 +348,7 @@ class Host:
         spilled = spill(leaves, handles, self.spills.take) if self.spills is not None else []
         if not spilled and self.spills is not None:
             self.spills.unused()
-        msg = ("item", run_id, item.index, item.size, item.done, treedef, leaves, handles, counts)
+        msg = BatchMsg(run_id, item.index, item.size, item.done, treedef, leaves, handles, counts)
         try:
             data = pickle.dumps(msg, protocol=5)
         except Exception as exc:  # noqa: BLE001 - the trainer learns why, in order
@@ -340,7 +356,7 @@ class Host:
                 f"batch {item.index} cannot be sent from the loader process to the trainer's "
                 f"(loader_process=False collates there): {type(exc).__name__}: {exc}"
             )
-            self.send(("fail", run_id, pack_error(err), counts))
+            self.send(FailMsg(run_id, pack_error(err), counts))
             for segment in spilled:
                 self.spills.give(segment)  # type: ignore[union-attr]
             return None

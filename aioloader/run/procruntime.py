@@ -6,7 +6,8 @@ the default, or True, where a zygote can be made).
 only the ``aioloader-transfer`` bridging thread: it reads the loader process's messages
 (:class:`PipeRun`), maps the batches' slabs (:mod:`aioloader.run.wire`), copies them to the device and
 hands them to the trainer. Everything else runs in the loader process
-(:mod:`aioloader.run.loaderproc`, which draws the two channels between them).
+(:mod:`aioloader.run.loaderproc`, which draws the two channels between them; their messages are
+:mod:`aioloader.run.messages`).
 
 Shutdown, idempotent and bounded like the in-process one: cancel the run, stop the bridge,
 ask the loader process to close (it stops its workers and closes its slabs), wait up to a
@@ -35,7 +36,7 @@ from aioloader.errors import LoaderError
 from aioloader.observe.stats import Counters
 from aioloader.plan.resume import ResumePoint
 from aioloader.procs import roles, zygote
-from aioloader.run import loaderproc, runtime, wire
+from aioloader.run import loaderproc, messages, runtime, wire
 from aioloader.run.bridge import Bridge, device_decode_for
 from aioloader.run.device import DeviceCopier
 from aioloader.run.handoff import Handoff
@@ -70,14 +71,14 @@ class _Channel:
         # (garbage collection happens at any allocation); each line is one atomic os.write.
         self._back = threading.RLock()
         self._back_open = True
-        self._wait_sent = -1  # batches delivered as the last W line said (bridge thread only)
+        self._wait_sent = -1  # batches delivered as the last Waited line said (bridge thread only)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         # Batches that crossed pickled (before the layout is learned) leave megabytes in the
         # bridge thread's malloc arena: given back once zero-copy batches follow them.
         self._trim = heap.BurstTrim()
 
-    def control(self, msg: tuple[Any, ...]) -> None:
+    def control(self, msg: messages.Control) -> None:
         """Send ``msg`` to the loader process (any thread); lost if it is gone."""
         data = pickle.dumps(msg, protocol=5)
         with self._control:
@@ -86,26 +87,26 @@ class _Channel:
             except OSError:
                 pass
 
-    def back(self, line: bytes) -> None:
-        """One line on the back pipe, or a few joined by newlines, in one write (any thread,
-        finalizers included); lost once closed."""
+    def back(self, lines: bytes) -> None:
+        """Lines on the back pipe (:func:`~aioloader.run.messages.back_lines`), in one write
+        (any thread, finalizers included); lost once closed."""
         with self._back:
             if self._back_open:
                 try:
-                    os.write(self._back_w, line + b"\n")
+                    os.write(self._back_w, lines)
                 except OSError:  # the loader process is gone
                     pass
 
     def taken(self, run_id: int) -> None:
         """The bridge took an item of ``run_id`` (bridge thread only): one more may be sent,
-        and, when it grew, the trainer's wait for batches goes along (the W line of
-        :mod:`aioloader.run.loaderproc`), in the same write."""
-        line = b"C %d" % run_id
+        and, when it grew, the trainer's wait for batches goes along
+        (:class:`~aioloader.run.messages.Waited`), in the same write."""
         waited, batches = self.counters.trainer_wait.totals()
         if batches != self._wait_sent:
             self._wait_sent = batches
-            line += b"\nW %.6f %d" % (waited, batches)
-        self.back(line)
+            self.back(messages.back_lines(messages.Taken(run_id), messages.Waited(waited, batches)))
+        else:
+            self.back(messages.back_lines(messages.Taken(run_id)))
 
     def wake(self) -> None:
         """Make a :meth:`recv` waiting now (or next) return None."""
@@ -114,7 +115,7 @@ class _Channel:
         except OSError:
             pass
 
-    def recv(self) -> tuple[Any, ...] | None:
+    def recv(self) -> messages.Report | None:
         """The next message for a run (bridge thread only); log records are emitted here.
         None when woken by :meth:`wake`, or at end of file (``eof`` is then True)."""
         while True:
@@ -133,41 +134,37 @@ class _Channel:
             except (EOFError, OSError):
                 self.eof = True
                 return None
-            msg: tuple[Any, ...] = pickle.loads(data)
+            msg: messages.Report = pickle.loads(data)
             if self._trim.saw(len(data) >= _LARGE):
                 del data
                 heap.trim()
-            if msg[0] == "log":
-                record: logging.LogRecord = msg[1]
-                logging.getLogger(record.name).handle(record)
+            if isinstance(msg, messages.LogMsg):
+                logging.getLogger(msg.record.name).handle(msg.record)
                 continue
             return msg
 
-    def to_item(self, msg: tuple[Any, ...]) -> Item:
-        kind = msg[0]
-        if kind == "end":
-            self.counters.absorb(msg[2])
+    def to_item(self, msg: messages.RunMsg) -> Item:
+        self.counters.absorb(msg.counts)
+        if isinstance(msg, messages.EndMsg):
             return END
-        if kind == "fail":
-            self.counters.absorb(msg[3])
-            return Failure(wire.unpack_error(msg[2]))
-        _, _, index, size, done, treedef, leaves, handles, counts = msg
-        self.counters.absorb(counts)
-        tags = [b"R " + h.name.encode() for h in handles]
+        if isinstance(msg, messages.FailMsg):
+            return Failure(wire.unpack_error(msg.error))
+        # Made now: a finalizer writes its slab's line without building it.
+        tags = [messages.back_lines(messages.Released(h.name)) for h in msg.handles]
         try:
-            buffers = [self.maps.get(h) for h in handles]
+            buffers = [self.maps.get(h) for h in msg.handles]
         except OSError as exc:  # its slab is gone (the loader process is closing) or cannot be mapped
             for tag in tags:
                 self.back(tag)
-            return Failure(LoaderError(f"batch {index}: its shared memory is gone: {exc}"))
-        value = wire.decode(treedef, leaves, buffers, lambda i: self.back(tags[i]))
-        return Batch(index=index, value=value, size=size, done=done)
+            return Failure(LoaderError(f"batch {msg.index}: its shared memory is gone: {exc}"))
+        value = wire.decode(msg.treedef, msg.leaves, buffers, lambda i: self.back(tags[i]))
+        return Batch(index=msg.index, value=value, size=msg.size, done=msg.done)
 
-    def discard(self, msg: tuple[Any, ...]) -> None:
-        """An item of a run nobody serves any more: its slabs go back at once."""
-        if msg[0] == "item":
-            for h in msg[7]:
-                self.back(b"R " + h.name.encode())
+    def discard(self, msg: messages.Report) -> None:
+        """A message of a run nobody serves any more: a batch's slabs go back at once."""
+        if isinstance(msg, messages.BatchMsg):
+            for h in msg.handles:
+                self.back(messages.back_lines(messages.Released(h.name)))
 
     def close(self) -> None:
         with self._back:
@@ -199,15 +196,16 @@ class PipeRun:
                 if ch.eof and not self.cancelled:
                     return self._exited()
                 continue
-            if msg[1] != self.id:
+            if not isinstance(msg, messages.RunMsg) or msg.run_id != self.id:
                 ch.discard(msg)
                 continue
-            if msg[0] == "item":
+            batch = isinstance(msg, messages.BatchMsg)
+            if batch:
                 ch.taken(self.id)  # the loader process may send one more
             item = ch.to_item(msg)
             # A batch sent just before the loader process was killed: its slabs went with it.
             # That the process died is the error to report, not the slab it took along.
-            if msg[0] == "item" and isinstance(item, Failure) and connection.wait([self._proc.sentinel], 1.0):
+            if batch and isinstance(item, Failure) and connection.wait([self._proc.sentinel], 1.0):
                 return self._exited()
             return item
         return None
@@ -224,7 +222,7 @@ class PipeRun:
             self.cancelled = True
         self.handoff.close()
         self._channel.wake()
-        self._channel.control(("cancel", self.id))
+        self._channel.control(messages.CancelRun(self.id))
 
 
 class ProcessRuntime(runtime.RuntimeBase):
@@ -293,9 +291,9 @@ class ProcessRuntime(runtime.RuntimeBase):
                     msg = self.channel.recv()
                 except Exception:  # noqa: BLE001 - reported below as an exit
                     msg = None
-                if msg is not None and msg[0] == "ready":
-                    if msg[1] is not None:
-                        raise wire.unpack_error(msg[1])
+                if isinstance(msg, messages.Ready):
+                    if msg.error is not None:
+                        raise wire.unpack_error(msg.error)
                     return
             if not ready or self.proc.sentinel in ready or self.channel.eof:
                 self.proc.join(1.0)
@@ -311,13 +309,13 @@ class ProcessRuntime(runtime.RuntimeBase):
             if self.run is not None:
                 self.run.cancel()
             self._ids += 1
-            restore = None
+            restore: messages.Restore | None = None
             if self.counters.restores != self._restores:
                 self._restores = self.counters.restores
                 failures, attempted = self.counters.failure_counts_by_reason()
-                restore = (failures, attempted)
+                restore = messages.Restore(failures, attempted)
             run = PipeRun(self.channel, self._ids, self.proc)
-            self.channel.control(("run", run.id, epoch, resume, restore))
+            self.channel.control(messages.StartRun(run.id, epoch, resume, restore))
             self.bridge.serve(run)
             self.run = run
             return run
@@ -341,7 +339,7 @@ class ProcessRuntime(runtime.RuntimeBase):
     def _stop_process(self, grace: float) -> None:
         """Ask the loader process to close, read what it still sends (so it never blocks on
         a full pipe), and kill it past the deadline."""
-        self.channel.control(("close",))
+        self.channel.control(messages.Close())
         deadline = time.monotonic() + grace + 3.0
         conn = self.channel.conn
         while self.proc.is_alive() and time.monotonic() < deadline:
@@ -370,8 +368,8 @@ class ProcessRuntime(runtime.RuntimeBase):
             msg = pickle.loads(data)
         except Exception:  # noqa: BLE001 - a batch that cannot be read here is dropped anyway
             return
-        if msg[0] == "closed" and msg[1] is not None:
-            self.counters.cache = msg[1]
+        if isinstance(msg, messages.Closed) and msg.cache is not None:
+            self.counters.cache = msg.cache
 
 
 def _remove_leftovers(pid: int | None) -> None:
