@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 from helpers import finish_script, lay_out_proc, script_env
 
-from aioloader import config
+from aioloader import build as config
 from aioloader.base import cpus
 
 PERIOD_US = 100_000
