@@ -35,6 +35,7 @@ from aioloader.observe.bottleneck import Bottleneck
 from aioloader.observe.cachestats import CacheStats
 from aioloader.observe.stages import StageStats
 from aioloader.observe.stats import LoaderStats
+from aioloader.plan.locality import Locality
 
 if TYPE_CHECKING:
     from aioloader.collate import default_collate
@@ -56,6 +57,7 @@ __all__ = [
     "LoaderError",
     "LoaderStats",
     "LoaderTimeoutError",
+    "Locality",
     "ReadError",
     "SampleError",
     "StageStats",

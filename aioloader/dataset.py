@@ -87,6 +87,7 @@ class FileDataset:
         self._paths = builder.build()
         #: ``(offset, length)`` in bytes per entry (-1 for a whole file), or None: all whole.
         self._spans = np.frombuffer(spans, dtype=np.int64).reshape(-1, 2) if ranged else None
+        self._runs: npt.NDArray[np.int64] | None = None
         self._labels: npt.NDArray[np.int64] | None = None
         if labels is not None:
             arr = np.asarray(labels)
@@ -133,6 +134,17 @@ class FileDataset:
             return None
         offset, length = (int(x) for x in self._spans[int(index)])
         return None if offset < 0 else (offset, length)
+
+    def runs(self) -> npt.NDArray[np.int64]:
+        """The start index of each run of consecutive entries in one file (a tar shard's
+        samples), ascending from 0: the shards of ``Loader(locality=...)``'s order. Computed
+        once, O(n) string comparisons."""
+        runs: npt.NDArray[np.int64] | None = getattr(self, "_runs", None)  # None in an old pickle too
+        if runs is None:
+            paths = self._paths
+            starts = [i for i in range(len(paths)) if i == 0 or paths[i] != paths[i - 1]]
+            runs = self._runs = np.asarray(starts, dtype=np.int64)
+        return runs
 
     def label(self, index: int) -> int | None:
         return None if self._labels is None else int(self._labels[index])

@@ -24,6 +24,7 @@ from aioloader.errors import LoaderClosedError
 from aioloader.observe.progressbar import make_bar
 from aioloader.observe.stats import LoaderStats
 from aioloader.plan.epochs import Epochs
+from aioloader.plan.locality import Locality
 from aioloader.plan.resume import check_state, make_state
 from aioloader.plan.sampler import num_batches, shard_size
 from aioloader.plan.settings import Sampling
@@ -117,6 +118,12 @@ class Loader:
         world_size: the number of shards (default: torch.distributed's, else 1).
         pad_shards: make shards equal by repeating a few samples (default, like ``DistributedSampler``),
             or by dropping the tail that does not fill a round.
+        locality: :class:`Locality` for the shard-local order (default None: uniform over all
+            samples): with samples stored as runs in a few large files (tar shards,
+            :meth:`FileDataset.from_tars`), each rank reads a contiguous block of an order in
+            which shards come whole, in a shuffled order, their samples mixed within
+            ``Locality(buffer)`` places (webdataset's order, for storage where a ranged read
+            costs more than its bytes). Needs ``shuffle=True``; resumes and re-shards exactly.
         loader_process: where the event loop, the reads, the decode pool and ``collate`` run. ``"auto"``
             (default): in a loader process of their own (forked by the zygote, so it starts in milliseconds)
             wherever a zygote can be made; the trainer's process keeps only the bridging thread, and batches
@@ -189,6 +196,7 @@ class Loader:
         rank: int | None = Sampling.rank,
         world_size: int | None = Sampling.world_size,
         pad_shards: bool = Sampling.pad_shards,
+        locality: Locality | None = Sampling.locality,
         loader_process: LoaderProcess = Delivery.loader_process,
         storage_options: Mapping[str, Any] | None = Reading.storage_options,
         storage_backend: StorageBackend = Reading.storage_backend,

@@ -39,6 +39,7 @@ EXPECTED_ALL = {
     "LoaderError",
     "LoaderStats",
     "LoaderTimeoutError",
+    "Locality",
     "ReadError",
     "SampleError",
     "StageStats",

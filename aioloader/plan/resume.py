@@ -12,7 +12,7 @@ The state is a small JSON-serialisable dict::
 
     {"format": "aioloader.state", "version": 1,
      "dataset_len": 50000, "seed": 0, "shuffle": true, "batch_size": 256, "drop_last": false,
-     "rank": 0, "world_size": 2, "pad_shards": true,
+     "rank": 0, "world_size": 2, "pad_shards": true, "locality": null,
      "epoch": 3, "batches_done": 41, "batches_done_after": [], "samples_done": 10496,
      "resharded_from": null,
      "stats": {"samples": ..., "batches": ..., "failures_by_reason": {...}}}
@@ -20,6 +20,8 @@ The state is a small JSON-serialisable dict::
 ``batches_done``: every batch below it was received; ``batches_done_after``: batches past it
 received out of order (``ordered=False``). ``resharded_from``: ``{"world_size", "batches_done"}``
 when this epoch's plan is the remainder of an epoch begun on another number of ranks.
+``locality``: ``{"buffer": n}`` for the shard-local order (:mod:`aioloader.plan.locality`);
+a state without it (saved before it existed) was taken with the uniform one.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from typing import Any
 
 from aioloader.plan.sampler import (
     EpochPlan,
+    IndexArray,
     num_batches,
     plan_epoch,
     plan_remainder,
-    remainder_span,
+    remainder_len,
     shard_size,
 )
 from aioloader.plan.settings import Sampling
@@ -52,9 +55,10 @@ __all__ = [
 FORMAT = "aioloader.state"
 VERSION = 1
 #: Settings that decide which sample is in which batch: a state must agree on all of them.
-_MUST_MATCH = ("dataset_len", "seed", "shuffle", "batch_size", "drop_last", "pad_shards")
-#: The sampling settings a state records (by :class:`~aioloader.plan.settings.Sampling`'s names).
-_SAMPLING = (*_MUST_MATCH[1:], "rank", "world_size")
+_MUST_MATCH = ("dataset_len", "seed", "shuffle", "batch_size", "drop_last", "pad_shards", "locality")
+#: The sampling settings a state records as they are (by :class:`~aioloader.plan.settings.Sampling`'s
+#: names); ``locality`` is recorded as ``{"buffer": n}`` or None (absent before it existed: None).
+_SAMPLING = (*_MUST_MATCH[1:-1], "rank", "world_size")
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ def make_state(
         "version": VERSION,
         "dataset_len": dataset_len,
         **{key: getattr(sampling, key) for key in _SAMPLING},
+        "locality": _locality(sampling),
         "epoch": progress.epoch,
         "batches_done": progress.next,
         "batches_done_after": sorted(progress.after),
@@ -126,7 +131,8 @@ def check_state(
         raise ValueError("load_state_dict: not an aioloader state dict (no 'format': 'aioloader.state')")
     if state.get("version") != VERSION:
         raise ValueError(f"load_state_dict: state version {state.get('version')!r} is not supported")
-    ours = {"dataset_len": dataset_len, **{k: getattr(sampling, k) for k in _MUST_MATCH[1:]}}
+    ours = {"dataset_len": dataset_len, **{k: getattr(sampling, k) for k in _MUST_MATCH[1:-1]}}
+    ours["locality"] = _locality(sampling)
     for key in _MUST_MATCH:
         if state.get(key) != ours[key]:
             raise ValueError(
@@ -162,8 +168,19 @@ def check_state(
     return ResumePoint(epoch, start, done, samples, base)
 
 
-def plan_for(sampling: Sampling, dataset_len: int, epoch: int, resume: ResumePoint | None) -> EpochPlan:
+def _locality(sampling: Sampling) -> dict[str, int] | None:
+    return None if sampling.locality is None else {"buffer": sampling.locality.buffer}
+
+
+def plan_for(
+    sampling: Sampling,
+    dataset_len: int,
+    epoch: int,
+    resume: ResumePoint | None,
+    runs: IndexArray | None = None,
+) -> EpochPlan:
     """The plan of ``epoch``: from its start, or from ``resume`` when that is this epoch's.
+    ``runs``: the start index of each shard's run of samples, for ``sampling.locality``.
 
     It makes the epoch's order (:func:`~aioloader.plan.sampler.epoch_order`), once: only
     the runtime that produces the epoch's batches calls it, when the run starts (in the
@@ -180,6 +197,9 @@ def plan_for(sampling: Sampling, dataset_len: int, epoch: int, resume: ResumePoi
         "world_size": world_size,
         "pad": sampling.pad_shards,
     }
+    if sampling.locality is not None:
+        assert runs is not None, "the shard-local order needs the dataset's runs"
+        common.update(runs=runs, buffer=sampling.locality.buffer)
     if resume is None or resume.epoch != epoch:
         return plan_epoch(dataset_len, **common)
     if resume.base is None:
@@ -197,14 +217,14 @@ def plan_len(sampling: Sampling, dataset_len: int, epoch: int, resume: ResumePoi
     batches are)."""
     n = dataset_len
     if resume is not None and resume.epoch == epoch and resume.base is not None:
-        start, stop = remainder_span(
+        n = remainder_len(
             dataset_len,
             batch_size=sampling.batch_size,
             drop_last=sampling.drop_last,
             old_world_size=resume.base[0],
             consumed_batches=resume.base[1],
             pad=sampling.pad_shards,
+            blocks=sampling.locality is not None,
         )
-        n = stop - start
     per_rank = shard_size(n, sampling.shard[1], sampling.pad_shards)
     return num_batches(per_rank, sampling.batch_size, sampling.drop_last)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from aioloader.plan.locality import block, block_remainder, locality_order, remainder_positions
+
 __all__ = [
     "EpochPlan",
     "epoch_order",
@@ -19,6 +21,7 @@ __all__ = [
     "plan_epoch",
     "plan_remainder",
     "rank_share",
+    "remainder_len",
     "remainder_span",
     "shard",
     "shard_size",
@@ -111,9 +114,17 @@ def plan_epoch(
     pad: bool = True,
     start: int = 0,
     done: frozenset[int] = frozenset(),
+    runs: IndexArray | None = None,
+    buffer: int = 0,
 ) -> EpochPlan:
-    """Plan ``epoch``: order, shard for ``rank``, then drop the last partial batch if asked."""
-    indices = shard(epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch), rank, world_size, pad=pad)
+    """Plan ``epoch``: order, shard for ``rank``, then drop the last partial batch if asked.
+    With ``runs`` (the start index of each shard's run of samples), the shard-local order
+    of :mod:`aioloader.plan.locality`, mixed within ``buffer``, cut into contiguous blocks."""
+    if runs is not None:
+        order = locality_order(runs, n, seed=seed, epoch=epoch, buffer=buffer)
+        indices = block(order, rank, world_size, pad=pad)
+    else:
+        indices = shard(epoch_order(n, shuffle=shuffle, seed=seed, epoch=epoch), rank, world_size, pad=pad)
     keep = num_batches(len(indices), batch_size, drop_last) * batch_size
     return EpochPlan(epoch=epoch, indices=indices[:keep], batch_size=batch_size, start=start, done=done)
 
@@ -143,6 +154,41 @@ def remainder_span(
     return start, stop
 
 
+def remainder_len(
+    n: int,
+    *,
+    batch_size: int,
+    drop_last: bool,
+    old_world_size: int,
+    consumed_batches: int,
+    pad: bool = True,
+    blocks: bool = False,
+) -> int:
+    """Samples :func:`plan_remainder` spreads over the new ranks, without making the order:
+    a slice of it (:func:`remainder_span`), or with ``blocks`` (the shard-local order) the
+    parts of each old rank's block it had not delivered."""
+    if not blocks:
+        start, stop = remainder_span(
+            n,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            old_world_size=old_world_size,
+            consumed_batches=consumed_batches,
+            pad=pad,
+        )
+        return stop - start
+    per, kept, consumed = _block_counts(n, batch_size, drop_last, old_world_size, consumed_batches, pad)
+    return len(remainder_positions(n, per=per, kept=kept, consumed=consumed, old_world_size=old_world_size))
+
+
+def _block_counts(
+    n: int, batch_size: int, drop_last: bool, old_world_size: int, consumed_batches: int, pad: bool
+) -> tuple[int, int, int]:
+    """Each old rank's block size, the samples it planned and those it delivered."""
+    kept = rank_share(n, batch_size=batch_size, drop_last=drop_last, world_size=old_world_size, pad=pad)
+    return shard_size(n, old_world_size, pad), kept, min(consumed_batches * batch_size, kept)
+
+
 def plan_remainder(
     n: int,
     *,
@@ -156,6 +202,8 @@ def plan_remainder(
     rank: int,
     world_size: int,
     pad: bool = True,
+    runs: IndexArray | None = None,
+    buffer: int = 0,
 ) -> EpochPlan:
     """The rest of an epoch interrupted on ``old_world_size`` ranks, re-sharded over
     ``world_size`` ranks.
@@ -165,8 +213,24 @@ def plan_remainder(
     ``consumed_batches`` batches. The samples none of them delivered, in epoch order and
     each once (:func:`remainder_span`: a slice of the epoch's order, made once here), are
     sharded again over the new ranks; the new shards are made equal like any epoch's
-    (``pad`` repeats a few of them), so each new rank gets the same number of batches.
+    (``pad`` repeats a few of them), so each new rank gets the same number of batches. With
+    ``runs``, the shard-local order's blocks (:func:`~aioloader.plan.locality.block_remainder`).
     """
+    if runs is not None:
+        order = locality_order(runs, n, seed=seed, epoch=epoch, buffer=buffer)
+        per, kept, consumed = _block_counts(n, batch_size, drop_last, old_world_size, consumed_batches, pad)
+        indices = block_remainder(
+            order,
+            per=per,
+            kept=kept,
+            consumed=consumed,
+            old_world_size=old_world_size,
+            rank=rank,
+            world_size=world_size,
+            pad=pad,
+        )
+        keep = num_batches(len(indices), batch_size, drop_last) * batch_size
+        return EpochPlan(epoch=epoch, indices=indices[:keep], batch_size=batch_size)
     start, stop = remainder_span(
         n,
         batch_size=batch_size,

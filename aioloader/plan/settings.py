@@ -1,7 +1,7 @@
 """The sampling part's settings: which samples make each batch, in which order, on which rank.
 
 :class:`Sampling` holds ``Loader``'s ``batch_size``, ``shuffle``, ``seed``, ``drop_last``,
-``rank``, ``world_size`` and ``pad_shards``: their defaults are here (``Loader``'s signature
+``rank``, ``world_size``, ``pad_shards`` and ``locality``: their defaults are here (``Loader``'s signature
 reads them), and each is checked when a ``Sampling`` is made, the error naming the argument
 and showing the value. The plan (:mod:`aioloader.plan.resume`, :mod:`aioloader.plan.epochs`)
 reads nothing else of a loader's settings.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aioloader.base.checks import flag, non_negative_int, positive_int
+from aioloader.plan.locality import Locality
 
 __all__ = ["Sampling", "resolve_rank"]
 
@@ -30,12 +31,21 @@ class Sampling:
     rank: int | None = None
     world_size: int | None = None
     pad_shards: bool = True
+    locality: Locality | None = None
 
     def __post_init__(self) -> None:
         positive_int("batch_size", self.batch_size)
         for name in ("shuffle", "drop_last", "pad_shards"):
             flag(name, getattr(self, name))
         non_negative_int("seed", self.seed)
+        if self.locality is not None:
+            if not isinstance(self.locality, Locality):
+                raise TypeError(f"locality={self.locality!r} must be an aioloader.Locality or None")
+            if not self.shuffle:
+                raise ValueError(
+                    f"locality={self.locality!r} needs shuffle=True: without it the order is the "
+                    "dataset's, shard after shard already"
+                )
         rank, world_size = resolve_rank(self.rank, self.world_size)
         object.__setattr__(self, "rank", rank)  # frozen: settled once, here
         object.__setattr__(self, "world_size", world_size)

@@ -300,7 +300,8 @@ class Host:
         self.run_id = run_id
         self.credits = asyncio.Semaphore(self.config.delivery.prefetch)
         # The one place a loader process's epoch plan is made: the trainer sent (epoch, resume).
-        plan = plan_for(self.config.sampling, len(self.dataset), epoch, resume)
+        runs = self.dataset.runs() if self.config.sampling.locality is not None else None
+        plan = plan_for(self.config.sampling, len(self.dataset), epoch, resume, runs)
         self.task = asyncio.get_running_loop().create_task(self._run(run_id, plan, self.credits))
 
     async def _stop_run(self) -> None:

@@ -210,6 +210,7 @@ class Runtime(RuntimeBase):
         self.parts = pipeline.build(config, dataset, counters, storage_backend=backend)
         self.config = config
         self.dataset_len = len(dataset)
+        self.runs = dataset.runs() if config.sampling.locality is not None else None
         self.engine = self.parts.engine
         self.loop_thread = EventLoopThread()
         counters.loop.bind(thread_cpu_clock(self.loop_thread.thread))  # the verdict's "loop" stage
@@ -225,7 +226,7 @@ class Runtime(RuntimeBase):
         """Cancel the current run, if any, and start producing ``epoch`` from ``resume`` (its
         start when None; does not block). The epoch's plan is made here, once: this process
         produces its batches."""
-        plan = plan_for(self.config.sampling, self.dataset_len, epoch, resume)
+        plan = plan_for(self.config.sampling, self.dataset_len, epoch, resume, self.runs)
         with self._lock:
             if self.run is not None:
                 self.run.cancel()
