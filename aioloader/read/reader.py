@@ -46,6 +46,7 @@ from aioloader.read.blocking import (
 from aioloader.read.groups import Groups
 from aioloader.read.outcomes import TRANSIENT, backoff, checked
 from aioloader.read.remote import RemoteStore
+from aioloader.read.routing import coalesce
 from aioloader.read.urls import is_remote, redact
 from aioloader.read.workers import ReadWorkers
 
@@ -190,6 +191,9 @@ class FileReader:
         # counted), alongside the files the groups left over.
         done, failed = await self.groups.fetch(items, arena, timeout, local and whole, self.io_concurrency)
         start = len(done)
+        if not whole and not failed and start == 0:
+            assert spans is not None
+            return await self._fetch_coalesced(items, arena, timeout, spans)
         if failed or start < len(items):
             again = [*failed, *range(start, len(items))]
             got = await asyncio.gather(
@@ -204,6 +208,57 @@ class FileReader:
                 done[i] = res
             done.extend(got[len(failed) :])
         return cast("list[Source | SampleError]", done)  # every OSError replaced above
+
+    async def _fetch_coalesced(
+        self,
+        items: list[tuple[int, str]],
+        arena: Arena | None,
+        timeout: float | None,
+        spans: list[tuple[int, int] | None],
+    ) -> list[Source | SampleError]:
+        """A chunk of byte ranges, those of one file close together read as one
+        (:func:`~aioloader.read.routing.coalesce`); a whole file's read (no span) alone."""
+        ranged = [i for i, span in enumerate(spans) if span is not None]
+        out: list[Source | SampleError] = [b""] * len(items)
+        groups = coalesce([items[i][1] for i in ranged], [spans[i] or (0, 0) for i in ranged])
+        jobs = [[ranged[k] for k in group] for group in groups]
+        jobs += [[i] for i, span in enumerate(spans) if span is None]
+        results = await asyncio.gather(
+            *(self._fetch_group(items, job, arena, timeout, spans) for job in jobs)
+        )
+        for job, got in zip(jobs, results, strict=True):
+            for i, res in zip(job, got, strict=True):
+                out[i] = res
+        return out
+
+    async def _fetch_group(
+        self,
+        items: list[tuple[int, str]],
+        job: list[int],
+        arena: Arena | None,
+        timeout: float | None,
+        spans: list[tuple[int, int] | None],
+    ) -> list[Source | SampleError]:
+        """The ranges ``job`` of one file, in one read when there are several; if that read
+        fails, each is read alone, so each sample gets its own retries and its own error."""
+        if len(job) > 1:
+            ranges = [spans[i] or (0, 0) for i in job]
+            start = min(off for off, _ in ranges)
+            end = max(off + length for off, length in ranges)
+            path, index = items[job[0]][1], items[job[0]][0]
+            try:
+                whole = await self.fetch(path, index, None, timeout, None, (start, end - start))
+            except SampleError:
+                pass
+            else:
+                view = memoryview(cast(bytes, whole))
+                pieces = (view[off - start : off - start + length] for off, length in ranges)
+                return [into(piece, arena) if arena is not None else bytes(piece) for piece in pieces]
+        return list(
+            await asyncio.gather(
+                *(self._fetch_or_error(items[i][1], items[i][0], arena, timeout, None, spans[i]) for i in job)
+            )
+        )
 
     async def _fetch_or_error(
         self,

@@ -1,5 +1,7 @@
 """Which way a chunk of reads goes (pure: no I/O, no event loop; the reader asks
-:func:`route` before each chunk, :class:`~aioloader.read.reader.FileReader` does what it says).
+:func:`route` before each chunk, :class:`~aioloader.read.reader.FileReader` does what it says),
+and which of a chunk's byte ranges are read together (:func:`coalesce`: samples of one tar
+shard asked together, as the shard-local order asks them, cost one ranged read).
 
 Four ways, cheapest for the loader's own thread first:
 
@@ -26,7 +28,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-__all__ = ["LOOP", "MAX_READ_WORKERS", "SINGLES", "THREAD", "WORKERS", "Route", "read_workers", "route"]
+__all__ = [
+    "COALESCE_GAP",
+    "COALESCE_MOST",
+    "LOOP",
+    "MAX_READ_WORKERS",
+    "SINGLES",
+    "THREAD",
+    "WORKERS",
+    "Route",
+    "coalesce",
+    "read_workers",
+    "route",
+]
 
 Route = Literal["workers", "loop", "thread", "singles"]
 WORKERS: Route = "workers"
@@ -77,3 +91,37 @@ def read_workers(
     if decoding or not own_read or timeout is not None:
         return 0
     return max(0, min(num_workers, cpus - 1, MAX_READ_WORKERS))
+
+
+#: Bytes between two byte ranges of one file read as one: a tar's members between two images
+#: (a label, a JSON, their headers) are a few KiB; a far object's round trip costs more.
+COALESCE_GAP = 64 << 10
+#: The most bytes one coalesced read brings.
+COALESCE_MOST = 8 << 20
+
+
+def coalesce(
+    paths: list[str], spans: list[tuple[int, int]], gap: int = COALESCE_GAP, most: int = COALESCE_MOST
+) -> list[list[int]]:
+    """The positions of a chunk's byte-range reads, grouped into reads of one file each:
+    ranges of one path at most ``gap`` bytes apart (after sorting by offset), the group's
+    whole span at most ``most`` bytes. Every position is in exactly one group; a group of one
+    is a read of its own. Groups keep the chunk's order of their first position."""
+    by_path: dict[str, list[int]] = {}
+    for i, path in enumerate(paths):
+        by_path.setdefault(path, []).append(i)
+    groups: list[list[int]] = []
+    for members in by_path.values():
+        members.sort(key=lambda i: spans[i][0])
+        group = [members[0]]
+        start, end = spans[members[0]][0], sum(spans[members[0]])
+        for i in members[1:]:
+            off, length = spans[i]
+            if off - end <= gap and max(end, off + length) - start <= most:
+                group.append(i)
+                end = max(end, off + length)
+            else:
+                groups.append(group)
+                group, start, end = [i], off, off + length
+        groups.append(group)
+    return sorted(groups, key=min)
