@@ -294,9 +294,9 @@ def test_large_tensors_a_collate_builds_cross_through_shared_memory(numbered: li
         assert names.count(names[0]) == 1  # ... but never the held batch's
         assert torch.equal(kept["big"], snapshot)
         deadline = time.monotonic() + 10  # R lines travel back to the loader process
-        while len(spilled(pid)) > loader._config.prefetch + 3 and time.monotonic() < deadline:
+        while len(spilled(pid)) > loader.config.delivery.prefetch + 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(spilled(pid)) <= loader._config.prefetch + 3  # kept for reuse, and the held one
+        assert len(spilled(pid)) <= loader.config.delivery.prefetch + 3  # kept for reuse, and the held one
     assert is_gone(pid)
     assert torch.equal(kept["big"], snapshot)  # held batches stay valid after close
     del kept
