@@ -29,6 +29,8 @@ from aioloader.entries import (
 )
 from aioloader.pathtable import PathTableBuilder
 from aioloader.read.remote import list_folder
+from aioloader.read.tarindex import load_indexes
+from aioloader.read.tars import expand_shards, sample_entries
 from aioloader.read.urls import is_remote, local_path, redact
 
 __all__ = ["IMAGE_EXTENSIONS", "FileDataset"]
@@ -230,6 +232,42 @@ class FileDataset:
                 "remove them or put files in them (extensions= chooses which files count)"
             )
         return cls(paths, labels, classes=classes)
+
+    @classmethod
+    def from_tars(
+        cls,
+        shards: StrPath | Sequence[StrPath],
+        *,
+        image: str | None = None,
+        label: str | tuple[str, str] | None = "cls",
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> FileDataset:
+        """Samples in tar shards, WebDataset's layout: a sample is the run of members sharing a
+        key (``abc.jpg``, ``abc.cls``, ``abc.json``), an entry ``(shard, offset, length)`` of
+        its image member (``image``: that extension; default the first of ``jpg``, ``jpeg``,
+        ``png``, ``webp``, ...), so ``decode`` receives the image's bytes as for a file. The
+        other members are not passed to ``decode``; the label is read from the ``label``
+        member (``"cls"``: an int as text; ``("json", "field")``: a field of a JSON member;
+        None: no labels) when the shard is indexed.
+
+        ``shards``: a list of paths or URLs, one shard, a local glob (``/data/train-*.tar``) or
+        WebDataset's brace notation (``s3://bucket/train-{000000..001023}.tar``), local or
+        remote (``storage_options`` as ``Loader``'s). Each shard is indexed once: a sidecar
+        ``<shard>.idx`` (``aioloader index``), the local index cache, or a scan of its headers
+        (:mod:`aioloader.read.tarscan`). A shard that does not exist, is not a tar or is cut
+        short, and a sample without its image or label member, are errors naming the shard
+        (and the sample's key), here; a shard changed or gone later fails at read time as a
+        :class:`~aioloader.ReadError` naming it (``on_error="skip"`` applies)."""
+        urls = expand_shards(shards)
+        entries: list[tuple[str, int, int]] = []
+        labels: list[int] = []
+        for url, members in zip(urls, load_indexes(urls, storage_options), strict=True):
+            got, got_labels = sample_entries(url, members, image, label)
+            entries += got
+            labels += got_labels
+        if not entries:
+            raise ValueError(f"from_tars: no samples in {len(urls)} shard(s) ({redact(urls[0])}, ...)")
+        return cls(entries, labels if label is not None else None)
 
     @classmethod
     def from_csv(

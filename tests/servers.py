@@ -24,7 +24,8 @@ failures, default 503), ``fail_paths`` (paths, relative to the server's root, th
 answer ``fail_status``: one object refused, say) and ``hold_until`` (requests are held,
 before their latency, until that many are in flight at once; then every request goes
 through, until the next ``_control``; a hang guard lets them all go after ``hold_s``,
-default 30). ``GET /_stats``
+default 30) and ``versions`` (whole-file answers carry ``ETag`` and ``Last-Modified``, as
+byte ranges always do; off by default: a server that gives no version). ``GET /_stats``
 (:func:`server_stats`) returns the request count and the most requests in flight at once
 since the last ``_control``; ``GET /_requests`` (:func:`server_requests`), the requests
 since the last ``_control`` by method and path (``"HEAD /bucket/key": 1``), so a test tells
@@ -223,6 +224,7 @@ CONTROL_DEFAULTS: dict[str, object] = {
     "fail_paths": [],
     "hold_until": 0,
     "hold_s": 30.0,
+    "versions": False,
 }
 
 #: The S3 error code the proxy's failures carry, by status.
@@ -341,8 +343,8 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
             if root not in path.parents or not path.is_file():
                 return web.Response(status=404, text="no such object")
             if not cut:
-                if "Range" in request.headers:
-                    return web.FileResponse(path)  # answers the byte range
+                if "Range" in request.headers or control["versions"]:
+                    return web.FileResponse(path)  # answers the byte range; ETag, Last-Modified
                 return web.Response(body=path.read_bytes())  # cheaper per request than FileResponse
             data, down = path.read_bytes(), {}
         resp = web.StreamResponse(status=status, headers={**down, "Content-Length": str(len(data))})

@@ -14,6 +14,7 @@
 | ``doctor.py`` | ``aioloader doctor``: the environment's findings, then the leftovers of dead loaders |
 | ``envprobe.py`` | the doctor's measurements: torch, GPUs, CPUs, ``/dev/shm``, limits, memory, ranks |
 | ``envadvice.py`` | pure: the doctor's findings and what to do, from measured facts |
+| ``index.py`` | ``aioloader index``: tar shards' indexes written as sidecar ``.idx`` files |
 """
 
 from aioloader.cli.main import main

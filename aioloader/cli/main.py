@@ -7,7 +7,8 @@ files through the loader and names the bottleneck (:mod:`aioloader.cli.bench`).
 ``aioloader doctor`` checks the environment a loader will meet (torch and CUDA, GPUs, CPUs,
 ``/dev/shm``, limits, memory, ranks), each finding with what to do, then lists, and with
 ``--remove`` removes, shared memory left by loaders whose process is gone
-(:mod:`aioloader.cli.doctor`).
+(:mod:`aioloader.cli.doctor`). ``aioloader index SHARD...`` writes tar shards' indexes
+(:mod:`aioloader.cli.index`).
 
 This module stays light (argparse, os) and imports the demo, and with it torch, only when
 the command runs: the decode workers' fork server preloads the modules the main script
@@ -156,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     from aioloader.cli.bench import add_parser as add_bench  # argparse only: torch is imported when it runs
 
     add_bench(sub)
+    from aioloader.cli.index import add_parser as add_index
+
+    add_index(sub)
     return parser
 
 
@@ -170,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from aioloader.cli.doctor import run_doctor  # torch: imported only when it runs
 
         return run_doctor(args.remove)
+    if args.command == "index":
+        from aioloader.cli.index import main as index
+
+        return index(args)
     if args.command == "bench":
         from aioloader.cli.bench import main as bench
 

@@ -1,0 +1,171 @@
+"""The indexes of a list of tar shards, local and remote (see :mod:`aioloader.read.tarscan`
+for where an index comes from and its format).
+
+A remote shard is scanned in one pass front to back, in ranged reads of :data:`CHUNK` bytes
+awaited one after another on an event loop of this module's own (on a thread of its own, as
+``read/remote.py``'s ``list_folder``: it works inside a running loop too), through the
+asynchronous fsspec client the reader uses; the headers are parsed on a thread as the
+chunks arrive, through a bounded queue, so a shard is never held whole in memory
+(:data:`AHEAD` chunks at most). Shards go :data:`~aioloader.read.tarscan.SCANS` at once. The
+client is closed when the last index is in: nothing outlives the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aioloader.read.backends import FsspecBackend
+from aioloader.read.tars import Member
+from aioloader.read.tarscan import SCANS, cached, keep, local_index, read_index, scan, scan_local
+from aioloader.read.urls import is_remote, local_path, options_for, redact, scheme
+
+__all__ = ["AHEAD", "CHUNK", "load_indexes", "scan_fresh"]
+
+#: Bytes a remote scan asks for at once.
+CHUNK = 8 << 20
+#: Chunks a remote scan may have read ahead of its parser.
+AHEAD = 2
+#: Seconds a parser waits for its next chunk before the shard is given up.
+WAIT = 300.0
+
+
+def load_indexes(shards: list[str], storage_options: Mapping[str, Any] | None) -> list[list[Member]]:
+    """Each shard's members, in order: sidecar, cache or scan."""
+    out: list[list[Member] | None] = [None] * len(shards)
+    remote = [i for i, s in enumerate(shards) if is_remote(s)]
+    with ThreadPoolExecutor(SCANS, thread_name_prefix="aioloader-index") as pool:
+        local = [i for i, s in enumerate(shards) if not is_remote(s)]
+        for i, members in zip(
+            local, pool.map(lambda i: local_index(local_path(shards[i])), local), strict=True
+        ):
+            out[i] = members
+        if remote:
+            got = _on_own_loop([shards[i] for i in remote], storage_options, pool, fresh=False)
+            for i, members in zip(remote, got, strict=True):
+                out[i] = members
+    return [m if m is not None else [] for m in out]
+
+
+def scan_fresh(shards: list[str], storage_options: Mapping[str, Any] | None = None) -> list[list[Member]]:
+    """A new scan of each shard (no sidecar, no cache): what ``aioloader index`` writes."""
+    with ThreadPoolExecutor(SCANS, thread_name_prefix="aioloader-index") as pool:
+        remote = [s for s in shards if is_remote(s)]
+        got = iter(_on_own_loop(remote, storage_options, pool, fresh=True) if remote else [])
+        return [next(got) if is_remote(s) else scan_local(local_path(s)) for s in shards]
+
+
+def _on_own_loop(
+    urls: list[str], storage_options: Mapping[str, Any] | None, pool: ThreadPoolExecutor, fresh: bool
+) -> list[list[Member]]:
+    result: list[list[Member]] = []
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        clients: dict[str, FsspecBackend] = {}
+        try:
+            for protocol in {scheme(u) or "file" for u in urls}:
+                clients[protocol] = FsspecBackend(protocol, options_for(storage_options, protocol), SCANS)
+                if hasattr(clients[protocol].fs, "set_session"):
+                    await clients[protocol].fs.set_session()
+            bound = asyncio.Semaphore(SCANS)
+
+            async def one(url: str) -> list[Member]:
+                async with bound:
+                    return await _remote_index(clients[scheme(url) or "file"].fs, url, pool, fresh)
+
+            result.extend(await asyncio.gather(*(one(u) for u in urls)))
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            errors.append(exc)
+        finally:
+            for client in clients.values():
+                await client.aclose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), name="aioloader-index", daemon=True)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result
+
+
+async def _remote_index(fs: Any, url: str, pool: ThreadPoolExecutor, fresh: bool) -> list[Member]:
+    shown = redact(url)
+    try:
+        info = await fs._info(url)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"from_tars: shard {shown} does not exist") from None
+    key = None
+    if not fresh:
+        try:
+            return read_index((await fs._cat_file(url + ".idx")).decode("utf-8"), shown + ".idx")
+        except (FileNotFoundError, OSError):
+            pass
+        names = ("ETag", "LastModified", "Last-Modified", "last_modified")
+        version = next((info[n] for n in names if info.get(n)), None)
+        key = None if version is None else f"{url}\0{info.get('size')}\0{version}"
+        found = cached(key)
+        if found is not None:
+            return found
+    members = await _stream_scan(fs, url, int(info["size"]), pool)
+    keep(key, members)
+    return members
+
+
+class _Chunks:
+    """What a parser thread reads: the chunks a loop task puts in a bounded queue (b"" at
+    the end, an exception where the read failed)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[bytes | BaseException] = queue.Queue(AHEAD)
+        self.done = threading.Event()
+        self._buf = b""
+
+    def read(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            try:
+                part = self.queue.get(timeout=WAIT)
+            except queue.Empty:
+                raise TimeoutError(f"no data for {WAIT:.0f} s") from None
+            if isinstance(part, BaseException):
+                raise part
+            if not part:
+                break
+            self._buf += part
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+
+async def _stream_scan(fs: Any, url: str, size: int, pool: ThreadPoolExecutor) -> list[Member]:
+    chunks = _Chunks()
+    loop = asyncio.get_running_loop()
+    parsing = loop.run_in_executor(pool, _parse, chunks, redact(url))
+
+    async def put(item: bytes | BaseException) -> bool:
+        while not chunks.done.is_set():
+            try:
+                chunks.queue.put_nowait(item)
+                return True
+            except queue.Full:
+                await asyncio.sleep(0.005)
+        return False
+
+    try:
+        for start in range(0, size, CHUNK):
+            if not await put(await fs._cat_file(url, start=start, end=min(start + CHUNK, size))):
+                break
+        await put(b"")
+    except Exception as exc:  # noqa: BLE001 - any client's error: the parser raises it, named
+        await put(OSError(f"{redact(url)}: {exc}"))
+    return await parsing
+
+
+def _parse(chunks: _Chunks, shown: str) -> list[Member]:
+    try:
+        return scan(chunks, shown)
+    finally:
+        chunks.done.set()  # the feeder stops: the parser has what it needs, or failed

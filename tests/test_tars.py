@@ -1,0 +1,272 @@
+"""Tar shards (``FileDataset.from_tars``): the header parser on tars written by Python's
+``tarfile`` in ustar, GNU and pax formats, the index (scan, sidecar, cache), labels, loaders
+over local and HTTP shards reading exactly each member's bytes, and every fault named."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aioloader import FileDataset, Loader
+from aioloader.cli.main import main as cli
+from aioloader.read import tarindex, tarscan
+from aioloader.read.tars import TarFormatError, expand_braces, group_samples, split_key
+
+
+@pytest.fixture(autouse=True)
+def index_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own index cache."""
+    monkeypatch.setenv("AIOLOADER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "tars"
+
+
+def write_shard(
+    path: Path, samples: list[tuple[str, dict[str, bytes]]], fmt: int = tarfile.PAX_FORMAT
+) -> None:
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for key, parts in samples:
+            for ext, data in parts.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def image(s: int, k: int) -> bytes:
+    return f"image {s}/{k} ".encode() * (50 + 37 * k)
+
+
+def make_shards(folder: Path, count: int = 3, per: int = 5, fmt: int = tarfile.PAX_FORMAT) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(count):
+        path = folder / f"train-{s:06d}.tar"
+        samples = [(f"s{s}_{k:03d}", {"jpg": image(s, k), "cls": str(k % 3).encode()}) for k in range(per)]
+        write_shard(path, samples, fmt)
+        paths.append(path)
+    return paths
+
+
+def members_of(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def test_names_keys_and_braces() -> None:
+    assert expand_braces("s3://b/train-{000008..000010}.tar") == [
+        "s3://b/train-000008.tar",
+        "s3://b/train-000009.tar",
+        "s3://b/train-000010.tar",
+    ]
+    assert expand_braces("{a,b}-{1..2}") == ["a-1", "a-2", "b-1", "b-2"]
+    assert split_key("dir/abc.seg.jpg") == ("dir/abc", "seg.jpg")
+    assert split_key("abc") == ("abc", "")
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_the_index_finds_every_member_in_every_format(tmp_path: Path, fmt: int) -> None:
+    """Long names (over 100 bytes) are GNU ``L`` headers or pax ``path`` records; ustar
+    splits them into prefix and name."""
+    path = tmp_path / "x.tar"
+    key = "deep/" * 15 + "sample" if fmt != tarfile.USTAR_FORMAT else "deep/" * 15 + "s"
+    samples = [(f"{key}{k}", {"jpg": image(0, k), "json": b'{"label": 7}'}) for k in range(4)]
+    write_shard(path, samples, fmt)
+    (members,) = tarindex.load_indexes([str(path)], None)
+    with tarfile.open(path) as tar:
+        want = [(m.name, m.offset_data, m.size) for m in tar.getmembers() if m.isfile()]
+    assert [(m.name, m.offset, m.size) for m in members] == want
+    assert [key for key, _ in group_samples(members)] == [f"{key}{k}" for k in range(4)]
+
+
+def test_from_tars_gives_each_samples_image_and_label(tmp_path: Path) -> None:
+    shards = make_shards(tmp_path / "d")
+    ds = FileDataset.from_tars(str(tmp_path / "d" / "train-{000000..000002}.tar"))
+    assert (
+        len(ds) == 15
+        and ds.labels is not None
+        and ds.labels.tolist() == [k % 3 for _ in range(3) for k in range(5)]
+    )
+    for i in range(len(ds)):
+        path, (offset, length) = ds.path(i), ds.span(i)  # type: ignore[misc]
+        with open(path, "rb") as f:
+            f.seek(offset)
+            assert f.read(length) == image(i // 5, i % 5)
+    assert len(FileDataset.from_tars(str(tmp_path / "d" / "*.tar"))) == 15
+    assert FileDataset.from_tars(shards[0], label=None).labels is None
+    write_shard(
+        tmp_path / "j.tar",
+        [(f"k{k}", {"png": b"x" * 9, "json": json.dumps({"y": k}).encode()}) for k in range(3)],
+    )
+    js = FileDataset.from_tars(tmp_path / "j.tar", label=("json", "y"))
+    assert js.labels is not None and js.labels.tolist() == [0, 1, 2] and js.span(0) is not None
+
+
+def read_all(loader: Loader) -> list[bytes]:
+    with loader:
+        return [bytes(sample) for images, _ in loader for sample in images]
+
+
+def test_a_loader_reads_exactly_each_image_member(tmp_path: Path) -> None:
+    shards = make_shards(tmp_path / "d", count=4, per=6)
+    want = sorted(data for p in shards for name, data in members_of(p).items() if name.endswith(".jpg"))
+    ds = FileDataset.from_tars([str(p) for p in shards])
+    got = read_all(Loader(ds, batch_size=5, decode=None, collate=lambda s: tuple(zip(*s, strict=True))))
+    assert sorted(got) == want
+    halves = [
+        read_all(
+            Loader(
+                ds,
+                batch_size=5,
+                decode=None,
+                rank=r,
+                world_size=2,
+                collate=lambda s: tuple(zip(*s, strict=True)),
+            )
+        )
+        for r in range(2)
+    ]
+    assert not set(halves[0]) & set(halves[1]) and sorted(halves[0] + halves[1]) == want
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, list[Path]]]:
+    pytest.importorskip("aiohttp")
+    from servers import start_file_server
+
+    shards = make_shards(tmp_path / "web", count=3, per=5)
+    server = start_file_server(tmp_path / "web")
+    try:
+        yield server.url, shards
+    finally:
+        server.stop()
+
+
+def test_http_shards_are_indexed_in_one_pass_then_from_the_cache(served: tuple[str, list[Path]]) -> None:
+    from servers import control, server_requests
+
+    url, shards = served
+    control(url, versions=True)
+    urls = f"{url}/train-{{000000..000002}}.tar"
+    ds = FileDataset.from_tars(urls)
+    gets = {
+        k: v for k, v in server_requests(url).items() if k.startswith("GET /train") and k.endswith(".tar")
+    }
+    assert gets == {f"GET /train-{s:06d}.tar": 1 for s in range(3)}  # one streamed GET a shard
+    got = read_all(Loader(ds, batch_size=4, decode=None, collate=lambda s: tuple(zip(*s, strict=True))))
+    assert sorted(got) == sorted(d for p in shards for n, d in members_of(p).items() if n.endswith(".jpg"))
+    control(url, versions=True)
+    again = FileDataset.from_tars(urls)
+    assert [again.span(i) for i in range(len(again))] == [ds.span(i) for i in range(len(ds))]
+    assert not any(k.startswith("GET /train") and k.endswith(".tar") for k in server_requests(url))
+    control(
+        url, versions=False
+    )  # a server that gives no version: nothing to key a cached index on, scanned again
+    FileDataset.from_tars(urls)
+    assert (
+        sum(v for k, v in server_requests(url).items() if k.startswith("GET /train") and k.endswith(".tar"))
+        == 3
+    )
+
+
+def test_a_sidecar_written_by_the_command_is_read_instead_of_a_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shards = make_shards(tmp_path / "d")
+    assert cli(["index", str(tmp_path / "d" / "*.tar")]) == 0
+    assert all(Path(f"{p}.idx").is_file() for p in shards)
+    assert "5 members" not in capsys.readouterr().out  # 10 members: jpg and cls
+    scanned = FileDataset.from_tars([str(p) for p in shards])
+
+    def no_scan(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("scanned despite the sidecar")
+
+    monkeypatch.setattr(tarscan, "scan", no_scan)
+    monkeypatch.setenv("AIOLOADER_CACHE", str(tmp_path / "empty"))
+    again = FileDataset.from_tars([str(p) for p in shards])
+    assert [again.span(i) for i in range(15)] == [scanned.span(i) for i in range(15)]
+
+
+def test_the_cache_is_used_until_the_shard_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_cache: Path
+) -> None:
+    (shard,) = make_shards(tmp_path / "d", count=1)
+    FileDataset.from_tars(shard)
+    assert len(list(index_cache.glob("*.idx"))) == 1
+    real = tarscan.scan
+    calls: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tarscan, "scan", counted)
+    FileDataset.from_tars(shard)
+    assert calls == []
+    write_shard(shard, [("a", {"jpg": b"new"})])
+    os.utime(shard, ns=(1, 1))  # another mtime even within the clock's step
+    ds = FileDataset.from_tars(shard, label=None)
+    assert calls == [str(shard)] and len(ds) == 1
+
+
+def test_faults_are_named(tmp_path: Path) -> None:
+    (shard,) = make_shards(tmp_path / "d", count=1)
+    data = shard.read_bytes()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[: 512 + 300])  # inside the first member's data
+    with pytest.raises(TarFormatError, match=r"cut\.tar: member 's0_000\.jpg' cut short: 300 of its"):
+        FileDataset.from_tars(cut)
+    garbage = tmp_path / "garbage.tar"
+    garbage.write_bytes(b"this is not a tar" * 100)
+    with pytest.raises(TarFormatError, match=r"garbage\.tar: not a tar header at byte 0"):
+        FileDataset.from_tars(garbage)
+    with pytest.raises(FileNotFoundError, match=r"shard '.*missing\.tar' does not exist"):
+        FileDataset.from_tars(tmp_path / "missing.tar")
+    nolabel = tmp_path / "nolabel.tar"
+    write_shard(nolabel, [("a", {"jpg": b"1", "cls": b"0"}), ("b", {"jpg": b"2"})])
+    with pytest.raises(ValueError, match=r"nolabel\.tar: sample 'b' has no 'cls' member"):
+        FileDataset.from_tars(nolabel)
+    noimage = tmp_path / "noimage.tar"
+    write_shard(noimage, [("a", {"txt": b"1", "cls": b"0"})])
+    with pytest.raises(
+        ValueError, match=r"noimage\.tar: sample 'a' has no an image member|sample 'a' has no"
+    ):
+        FileDataset.from_tars(noimage)
+
+
+def test_a_shard_gone_after_indexing_is_a_read_error_skipped_and_counted(tmp_path: Path) -> None:
+    shards = make_shards(tmp_path / "d", count=2, per=4)
+    ds = FileDataset.from_tars([str(p) for p in shards])
+    shards[1].unlink()
+    loader = Loader(ds, batch_size=4, decode=None, on_error="skip", shuffle=False, collate=lambda s: s)
+    with loader:
+        got = [s for batch in loader for s in batch]
+        failures = loader.stats.failures
+    assert len(got) == 4 and failures == 4
+
+
+def test_s3_shards_index_once_then_load(tmp_path: Path, moto_s3: dict[str, object]) -> None:
+    """Shards in moto's S3: indexed through s3fs in one pass each, cached by ETag, read by
+    byte ranges by a loader in a loader process."""
+    from conftest import BUCKET
+    from servers import s3_client
+
+    shards = make_shards(tmp_path / "s3", count=2, per=4)
+    client = s3_client(moto_s3)
+    for p in shards:
+        client.upload_file(str(p), BUCKET, f"tars/{p.name}")
+    urls = f"s3://{BUCKET}/tars/train-{{000000..000001}}.tar"
+    ds = FileDataset.from_tars(urls, storage_options=moto_s3)
+    assert len(ds) == 8 and ds.labels is not None
+    loader = Loader(
+        ds, batch_size=3, decode=None, storage_options=moto_s3, collate=lambda s: tuple(zip(*s, strict=True))
+    )
+    want = sorted(d for p in shards for n, d in members_of(p).items() if n.endswith(".jpg"))
+    assert sorted(read_all(loader)) == want
+    with pytest.raises(FileNotFoundError, match=r"shard s3://aioloader-test/tars/nope\.tar does not exist"):
+        FileDataset.from_tars(f"s3://{BUCKET}/tars/nope.tar", storage_options=moto_s3)
