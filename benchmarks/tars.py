@@ -109,7 +109,7 @@ def loaders(urls: list[str], args: argparse.Namespace, wids_cache: Path) -> dict
 
     def webdataset() -> Any:
         # curl for http(s) URLs, as webdataset's gopen does; 20 shards over 2 workers.
-        ds = wds.WebDataset(urls, shardshuffle=True, empty_check=False).shuffle(1000).map(wds_sample)
+        ds = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000).map(wds_sample)
         return wds.WebLoader(ds, batch_size=64, num_workers=args.workers)
 
     def wids_loader() -> Any:
@@ -148,7 +148,8 @@ def throughput(args: argparse.Namespace, shards: Path) -> None:
         if "http" in args.where:
             server = start_file_server(shards)
             servers.append(server)
-            control(server.url, latency_ms=args.latency)
+            # ETag and Last-Modified, as real servers send: the index is cached by them.
+            control(server.url, latency_ms=args.latency, versions=True)
             places[f"http +{args.latency} ms"] = shard_urls(server.url, args.shards)
         try:
             for place, urls in places.items():
@@ -194,7 +195,7 @@ def first_batch(args: argparse.Namespace) -> None:
     shards = small_shards(Path(args.data_dir), args.index_shards, 20)
     server = start_file_server(shards)
     try:
-        control(server.url, latency_ms=args.latency)
+        control(server.url, latency_ms=args.latency, versions=True)
         urls = shard_urls(server.url, args.index_shards)
         with tempfile.TemporaryDirectory() as cache:
             os.environ["AIOLOADER_CACHE"] = cache  # an empty index cache: the index pass

@@ -13,11 +13,11 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-__all__ = ["DaemonThreadPool", "in_thread", "thread_cpu_clock"]
+__all__ = ["DaemonThreadPool", "in_thread", "run_apart", "thread_cpu_clock"]
 
 T = TypeVar("T")
 _Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -136,3 +136,24 @@ def thread_cpu_clock(thread: threading.Thread) -> Callable[[], float] | None:
     except OSError:
         return None
     return lambda: time.clock_gettime(clock_id)
+
+
+def run_apart(main: Callable[[], Coroutine[Any, Any, T]], name: str) -> T:
+    """``main()`` run to its end on an event loop of its own, on a thread named ``name`` (so
+    it works where the caller's thread already runs a loop); its result returned, or its
+    exception raised, here."""
+    out: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(asyncio.run(main()))
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return out[0]

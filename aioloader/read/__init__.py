@@ -17,7 +17,7 @@ threads, URLs on the event loop. Above
 | ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, ``storage_options`` (S3's: as botocore's) |
 | ``backends.py`` | the clients: fsspec's async filesystems, obstore (loader process only), the choice |
 | ``tars.py`` | pure: tar headers (ustar, GNU, pax), members to WebDataset samples, brace notation |
-| ``tarscan.py`` | a shard's index: the scan (local: seeks past data), its text format, sidecars, the index cache |
-| ``tarindex.py`` | the indexes of a shard list: local ones on threads, remote ones streamed on a loop of its own |
+| ``tarscan.py`` | a shard's index: the scan (local: seeks past data), its format, sidecars, the cache |
+| ``tarindex.py`` | the indexes of a shard list: local ones on threads, remote ones read on a loop apart |
 | ``settings.py`` | ``Reading``: the reading part's settings (reads in flight, ``read``, retries, storage) |
 """

@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import re
-import threading
 from collections.abc import Mapping
 from typing import Any
 
+from aioloader.base.threads import run_apart
 from aioloader.errors import LoaderError
 from aioloader.read.backends import (
     Backend,
@@ -265,7 +265,6 @@ def list_folder(
     if protocol in ("http", "https"):
         raise ValueError(f"from_folder: {redact(root)} cannot be listed (HTTP has no listing)")
     out: dict[str, list[str]] = {}
-    errors: list[BaseException] = []
 
     async def main() -> None:
         # Listing has no retry loop of its own: the client's retries stay on.
@@ -298,14 +297,8 @@ def list_folder(
             else:
                 lists = [await find(c) for c in classes]
             out.update(zip(classes, lists, strict=True))
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
-            errors.append(exc)
         finally:
             await client.aclose()
 
-    thread = threading.Thread(target=lambda: asyncio.run(main()), name="aioloader-list", daemon=True)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
+    run_apart(main, "aioloader-list")
     return out

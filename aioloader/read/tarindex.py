@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from aioloader.base.threads import run_apart
 from aioloader.read.backends import FsspecBackend
 from aioloader.read.tars import Member
 from aioloader.read.tarscan import SCANS, cached, keep, local_index, read_index, scan, scan_local
@@ -62,10 +63,7 @@ def scan_fresh(shards: list[str], storage_options: Mapping[str, Any] | None = No
 def _on_own_loop(
     urls: list[str], storage_options: Mapping[str, Any] | None, pool: ThreadPoolExecutor, fresh: bool
 ) -> list[list[Member]]:
-    result: list[list[Member]] = []
-    errors: list[BaseException] = []
-
-    async def main() -> None:
+    async def main() -> list[list[Member]]:
         clients: dict[str, FsspecBackend] = {}
         try:
             for protocol in {scheme(u) or "file" for u in urls}:
@@ -78,19 +76,12 @@ def _on_own_loop(
                 async with bound:
                     return await _remote_index(clients[scheme(url) or "file"].fs, url, pool, fresh)
 
-            result.extend(await asyncio.gather(*(one(u) for u in urls)))
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            errors.append(exc)
+            return list(await asyncio.gather(*(one(u) for u in urls)))
         finally:
             for client in clients.values():
                 await client.aclose()
 
-    thread = threading.Thread(target=lambda: asyncio.run(main()), name="aioloader-index", daemon=True)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result
+    return run_apart(main, "aioloader-index")
 
 
 async def _remote_index(fs: Any, url: str, pool: ThreadPoolExecutor, fresh: bool) -> list[Member]:
