@@ -6,8 +6,10 @@ awaited one after another on an event loop of this module's own (on a thread of 
 ``read/remote.py``'s ``list_folder``: it works inside a running loop too), through the
 asynchronous fsspec client the reader uses; the headers are parsed on a thread as the
 chunks arrive, through a bounded queue, so a shard is never held whole in memory
-(:data:`AHEAD` chunks at most). Shards go :data:`~aioloader.read.tarscan.SCANS` at once. The
-client is closed when the last index is in: nothing outlives the call.
+(:data:`AHEAD` chunks at most). A shard's identity (a HEAD) is asked first: an index cached
+for it is used, else a sidecar ``<shard>.idx``, else the shard is scanned; identities and
+sidecars are asked :data:`ASKS` at once, shards scanned :data:`~aioloader.read.tarscan.SCANS`
+at once. The client is closed when the last index is in: nothing outlives the call.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from aioloader.read.tars import Member
 from aioloader.read.tarscan import SCANS, cached, keep, local_index, read_index, scan, scan_local
 from aioloader.read.urls import is_remote, local_path, options_for, redact, scheme
 
-__all__ = ["AHEAD", "CHUNK", "load_indexes", "scan_fresh"]
+__all__ = ["AHEAD", "ASKS", "CHUNK", "load_indexes", "scan_fresh"]
 
+#: Requests for shards' identities and sidecars at once (small answers: a round trip each).
+ASKS = 64
 #: Bytes a remote scan asks for at once.
 CHUNK = 8 << 20
 #: Chunks a remote scan may have read ahead of its parser.
@@ -70,11 +74,10 @@ def _on_own_loop(
                 clients[protocol] = FsspecBackend(protocol, options_for(storage_options, protocol), SCANS)
                 if hasattr(clients[protocol].fs, "set_session"):
                     await clients[protocol].fs.set_session()
-            bound = asyncio.Semaphore(SCANS)
+            bounds = (asyncio.Semaphore(ASKS), asyncio.Semaphore(SCANS))
 
             async def one(url: str) -> list[Member]:
-                async with bound:
-                    return await _remote_index(clients[scheme(url) or "file"].fs, url, pool, fresh)
+                return await _remote_index(clients[scheme(url) or "file"].fs, url, pool, fresh, bounds)
 
             return list(await asyncio.gather(*(one(u) for u in urls)))
         finally:
@@ -84,25 +87,35 @@ def _on_own_loop(
     return run_apart(main, "aioloader-index")
 
 
-async def _remote_index(fs: Any, url: str, pool: ThreadPoolExecutor, fresh: bool) -> list[Member]:
+async def _remote_index(
+    fs: Any,
+    url: str,
+    pool: ThreadPoolExecutor,
+    fresh: bool,
+    bounds: tuple[asyncio.Semaphore, asyncio.Semaphore],
+) -> list[Member]:
+    """The shard's identity (a HEAD), then its index from the cache, else its sidecar (a
+    GET), else a scan; ``bounds``: the requests of the first two at once, the scans at once."""
     shown = redact(url)
-    try:
-        info = await fs._info(url)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"from_tars: shard {shown} does not exist") from None
     key = None
-    if not fresh:
+    async with bounds[0]:
         try:
-            return read_index((await fs._cat_file(url + ".idx")).decode("utf-8"), shown + ".idx")
-        except (FileNotFoundError, OSError):
-            pass
-        names = ("ETag", "LastModified", "Last-Modified", "last_modified")
-        version = next((info[n] for n in names if info.get(n)), None)
-        key = None if version is None else f"{url}\0{info.get('size')}\0{version}"
-        found = cached(key)
-        if found is not None:
-            return found
-    members = await _stream_scan(fs, url, int(info["size"]), pool)
+            info = await fs._info(url)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"from_tars: shard {shown} does not exist") from None
+        if not fresh:
+            names = ("ETag", "LastModified", "Last-Modified", "last_modified")
+            version = next((info[n] for n in names if info.get(n)), None)
+            key = None if version is None else f"{url}\0{info.get('size')}\0{version}"
+            found = cached(key)
+            if found is not None:
+                return found
+            try:
+                return read_index((await fs._cat_file(url + ".idx")).decode("utf-8"), shown + ".idx")
+            except (FileNotFoundError, OSError):
+                pass
+    async with bounds[1]:
+        members = await _stream_scan(fs, url, int(info["size"]), pool)
     keep(key, members)
     return members
 

@@ -1,7 +1,8 @@
 """A tar shard's index: its members' names, data offsets and sizes (and the text of its small
 members: labels), read once, then kept.
 
-Where an index comes from, first found:
+Where an index comes from, first found (for a remote shard 2 before 1: the cache needs only
+the HEAD that gives the identity, a sidecar one more request):
 
 1. a **sidecar** ``<shard>.idx`` beside the shard (``aioloader index`` writes it);
 2. the **index cache**, ``$AIOLOADER_CACHE/tars`` (else ``$XDG_CACHE_HOME/aioloader/tars``,
