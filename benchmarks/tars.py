@@ -49,7 +49,7 @@ from aioloader import FileDataset, Loader, Locality
 from aioloader.config import usable_cpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from servers import control, start_file_server  # noqa: E402
+from servers import control, start_file_server
 
 HERE = Path(__file__).resolve().parent
 
@@ -101,11 +101,15 @@ def loaders(urls: list[str], args: argparse.Namespace, wids_cache: Path) -> dict
     from torch.utils.data import DataLoader
 
     def uniform() -> Any:
-        return Loader(FileDataset.from_tars(urls), batch_size=64, decode=random_crop, num_workers=args.workers)
+        return Loader(
+            FileDataset.from_tars(urls), batch_size=64, decode=random_crop, num_workers=args.workers
+        )
 
     def locality() -> Any:
         ds = FileDataset.from_tars(urls)
-        return Loader(ds, batch_size=64, decode=random_crop, num_workers=args.workers, locality=Locality(1000))
+        return Loader(
+            ds, batch_size=64, decode=random_crop, num_workers=args.workers, locality=Locality(1000)
+        )
 
     def webdataset() -> Any:
         # curl for http(s) URLs, as webdataset's gopen does; 20 shards over 2 workers.
@@ -120,7 +124,12 @@ def loaders(urls: list[str], args: argparse.Namespace, wids_cache: Path) -> dict
         sampler = wids.ChunkedSampler(ds, chunksize=1000, shuffle=True)
         return DataLoader(ds, batch_size=64, sampler=sampler, num_workers=args.workers)
 
-    return {"aioloader uniform": uniform, "aioloader locality": locality, "webdataset": webdataset, "wids": wids_loader}
+    return {
+        "aioloader uniform": uniform,
+        "aioloader locality": locality,
+        "webdataset": webdataset,
+        "wids": wids_loader,
+    }
 
 
 def epoch(make: Callable[[], Any]) -> tuple[float, int]:
@@ -159,7 +168,10 @@ def throughput(args: argparse.Namespace, shards: Path) -> None:
                     for name, make in made.items():
                         seconds, n = epoch(make)
                         results[(place, name)].append(n / seconds)
-                        print(f"{place:>14}  {name:<20} {n / seconds:8.0f} samples/s ({n} in {seconds:.1f} s)", flush=True)
+                        print(
+                            f"{place:>14}  {name:<20} {n / seconds:8.0f} samples/s ({n} in {seconds:.1f} s)",
+                            flush=True,
+                        )
         finally:
             for server in servers:
                 server.stop()
@@ -206,7 +218,9 @@ def first_batch(args: argparse.Namespace) -> None:
                 with Loader(ds, batch_size=64, decode=None, num_workers=args.workers) as loader:
                     next(iter(loader))
                 total = time.perf_counter() - t0
-                print(f"{args.index_shards} shards over HTTP +{args.latency} ms, {label}: dataset {made:.2f} s, first batch {total:.2f} s")
+                print(
+                    f"{args.index_shards} shards over HTTP +{args.latency} ms, {label}: dataset {made:.2f} s, first batch {total:.2f} s"
+                )
     finally:
         server.stop()
     index_memory()
@@ -221,7 +235,9 @@ def index_memory() -> None:
     ds = FileDataset(entries, labels=[k % 1000 for k in range(1_000_000)])
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"FileDataset of {len(ds):,} tar samples: {size / 2**20:.1f} MiB ({size / len(ds):.0f} bytes a sample)")
+    print(
+        f"FileDataset of {len(ds):,} tar samples: {size / 2**20:.1f} MiB ({size / len(ds):.0f} bytes a sample)"
+    )
 
 
 def main() -> int:
