@@ -23,15 +23,18 @@ from typing import Any, Literal
 import torch
 
 from aioloader.base import sendable
+from aioloader.base.checks import callable_or_none
 from aioloader.base.cpus import cpu_quota
 from aioloader.base.semnames import import_loky_cpu_count
 from aioloader.cache.settings import Cache
+from aioloader.decode.image import ImageDecoder
 from aioloader.decode.ondevice import decodes_on_device, device_of
 from aioloader.decode.settings import Decoding
 from aioloader.engine.settings import Delivery, LoaderProcess
 from aioloader.plan.node import cpus_per_rank, node_ranks
 from aioloader.read.backends import StorageBackend, resolve
 from aioloader.read.settings import Reading
+from aioloader.read.tarsample import SampleMembers, WithMembers
 
 __all__ = [
     "Build",
@@ -41,6 +44,7 @@ __all__ = [
     "decide",
     "send_decode",
     "usable_cpus",
+    "with_members",
 ]
 
 logger = logging.getLogger("aioloader")
@@ -178,6 +182,25 @@ def check_cache(cache: object, decode: object, on_ray: bool) -> Cache | None:
         if there is not None and not os.access(there, os.W_OK | os.X_OK):
             raise ValueError(f"cache={cache!r}: {str(there)!r} is not writable")
     return cache
+
+
+def with_members(members: SampleMembers, decode: object, cache: object) -> WithMembers:
+    """The decode of a tar dataset made with ``from_tars(members=...)``: ``decode`` given each
+    sample's dict of members. An ``ImageDecoder`` takes an image's bytes and a cache's
+    ``max_side`` shrinks an image file: neither can take a sample of several members."""
+    if decode is Decoding.decode or isinstance(decode, ImageDecoder) or decodes_on_device(decode):
+        named = f"{decode!r} (the default)" if decode is Decoding.decode else repr(decode)
+        raise ValueError(
+            f"decode={named} takes an image's bytes, but from_tars(members=...) gives the decode a "
+            f"dict of the sample's members: pass a function of your own (it may call {decode!r} on "
+            f"sample['jpg'])"
+        )
+    if isinstance(cache, Cache) and cache.max_side is not None:
+        raise ValueError(
+            f"cache={cache!r}: max_side shrinks image files, but from_tars(members=...) caches samples "
+            f"of several members: leave max_side out"
+        )
+    return members.around(callable_or_none("decode", decode, "sample dict -> sample"))
 
 
 def _installed(module: str) -> bool:

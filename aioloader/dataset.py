@@ -29,8 +29,9 @@ from aioloader.entries import (
 )
 from aioloader.pathtable import PathTableBuilder
 from aioloader.read.remote import list_folder
-from aioloader.read.tarindex import load_indexes
-from aioloader.read.tars import expand_shards, sample_entries
+from aioloader.read.tarindex import sample_table
+from aioloader.read.tars import expand_shards
+from aioloader.read.tarsample import MemberNames, SampleMembers, extra_members
 from aioloader.read.urls import is_remote, local_path, redact
 
 __all__ = ["IMAGE_EXTENSIONS", "FileDataset"]
@@ -59,6 +60,10 @@ class FileDataset:
     object (samples inside a tar or concatenated shard, read without unpacking it; 16 more
     bytes per entry, see :meth:`span`).
     """
+
+    #: What a tar dataset's decode is given besides the image (``from_tars(members=...)``).
+    members: SampleMembers | None = None
+    _names: MemberNames | None = None
 
     def __init__(
         self,
@@ -140,13 +145,21 @@ class FileDataset:
     def runs(self) -> npt.NDArray[np.int64]:
         """The start index of each run of consecutive entries in one file (a tar shard's
         samples), ascending from 0: the shards of ``Loader(locality=...)``'s order. Computed
-        once, O(n) string comparisons."""
+        once: O(n) string comparisons, or the shards' starts ``from_tars`` found."""
         runs: npt.NDArray[np.int64] | None = getattr(self, "_runs", None)  # None in an old pickle too
         if runs is None:
-            paths = self._paths
-            starts = [i for i in range(len(paths)) if i == 0 or paths[i] != paths[i - 1]]
+            paths, names = self._paths, self._names
+            starts = (
+                names.starts
+                if names
+                else [i for i in range(len(paths)) if i == 0 or paths[i] != paths[i - 1]]
+            )
             runs = self._runs = np.asarray(starts, dtype=np.int64)
         return runs
+
+    def member(self, index: int) -> str | None:
+        """The tar member sample ``index`` is (its image's name), None outside a tar."""
+        return self._names.name(index) if self._names is not None else None
 
     def label(self, index: int) -> int | None:
         return None if self._labels is None else int(self._labels[index])
@@ -240,34 +253,30 @@ class FileDataset:
         *,
         image: str | None = None,
         label: str | tuple[str, str] | None = "cls",
+        members: str | Sequence[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> FileDataset:
-        """Samples in tar shards, WebDataset's layout: a sample is the run of members sharing a
-        key (``abc.jpg``, ``abc.cls``, ``abc.json``), an entry ``(shard, offset, length)`` of
-        its image member (``image``: that extension; default the first of ``jpg``, ``jpeg``,
-        ``png``, ``webp``, ...), so ``decode`` receives the image's bytes as for a file. The
-        other members are not passed to ``decode``; the label is read from the ``label``
-        member (``"cls"``: an int as text; ``("json", "field")``: a field of a JSON member;
-        None: no labels) when the shard is indexed.
-
-        ``shards``: a list of paths or URLs, one shard, a local glob (``/data/train-*.tar``) or
-        WebDataset's brace notation (``s3://bucket/train-{000000..001023}.tar``), local or
-        remote (``storage_options`` as ``Loader``'s). Each shard is indexed once: a sidecar
-        ``<shard>.idx`` (``aioloader index``), the local index cache, or a scan of its headers
-        (:mod:`aioloader.read.tarscan`). A shard that does not exist, is not a tar or is cut
-        short, and a sample without its image or label member, are errors naming the shard
-        (and the sample's key), here; a shard changed or gone later fails at read time as a
-        :class:`~aioloader.ReadError` naming it (``on_error="skip"`` applies)."""
+        """Samples in tar shards, WebDataset's layout: a sample is the run of members sharing
+        a key (``abc.jpg``, ``abc.cls``). ``decode`` receives its image member's bytes
+        (``image``: that extension; default the first of ``jpg``, ``jpeg``, ``png``, ...); with
+        ``members`` (extensions, such as ``("json",)``, or ``"all"``) webdataset's dict instead:
+        ``{"__key__": key, "jpg": bytes, "json": bytes}``. ``label``: ``"cls"`` (an int as text),
+        ``("json", "field")`` or None. ``shards``: paths or URLs, a local glob or brace notation
+        (``s3://b/train-{000000..001023}.tar``); ``storage_options`` as ``Loader``'s. Each shard
+        is indexed once (a sidecar ``<shard>.idx``, the index cache, or a scan:
+        :mod:`aioloader.read.tarscan`). A shard missing, not a tar or cut short, a sample
+        without its image, label or a ``members`` member: errors naming the shard and the key,
+        here; a shard changed or gone later: a :class:`~aioloader.ReadError` naming it and the
+        member, at read time. See the guide, *Tar shards*."""
+        extra = extra_members(members)
         urls = expand_shards(shards)
-        entries: list[tuple[str, int, int]] = []
-        labels: list[int] = []
-        for url, members in zip(urls, load_indexes(urls, storage_options), strict=True):
-            got, got_labels = sample_entries(url, members, image, label)
-            entries += got
-            labels += got_labels
+        entries, labels, names = sample_table(urls, storage_options, image, label, extra)
         if not entries:
             raise ValueError(f"from_tars: no samples in {len(urls)} shard(s) ({redact(urls[0])}, ...)")
-        return cls(entries, labels if label is not None else None)
+        dataset = cls(entries, labels if label is not None else None)
+        dataset._names = names
+        dataset.members = SampleMembers(image, extra) if extra != () else None
+        return dataset
 
     @classmethod
     def from_csv(

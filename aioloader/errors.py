@@ -4,7 +4,7 @@ One hierarchy; catch :class:`LoaderError` to catch everything the loader itself 
 
     LoaderError                  base class of every aioloader error
     ├── LoaderClosedError        the loader was used after close()/aclose()
-    ├── SampleError              one sample failed (.path, .index)
+    ├── SampleError              one sample failed (.path, .index; .member inside a tar)
     │   ├── ReadError            reading the file failed (missing, permission, empty, I/O)
     │   ├── DecodeError          decode raised in a worker, or killed its worker twice
     │   └── LoaderTimeoutError   a read or decode outlived sample_timeout
@@ -45,7 +45,8 @@ class LoaderClosedError(LoaderError):
 class SampleError(LoaderError):
     """One sample could not be produced.
 
-    ``path`` is the file, ``index`` its position in the dataset. The loader stays usable
+    ``path`` is the file, ``index`` its position in the dataset, ``member`` the member of a
+    tar shard it is (``FileDataset.from_tars``) or None. The loader stays usable
     after raising it: the next iteration starts cleanly.
     """
 
@@ -53,10 +54,21 @@ class SampleError(LoaderError):
     #: when the loader raises it to the trainer.
     hint: str = ""
 
+    #: The tar member the sample is (``FileDataset.member``), or None: not in a tar.
+    member: str | None = None
+
     def __init__(self, message: str, *, path: str, index: int) -> None:
         super().__init__(f"{message} (sample {index}: {path!r})")
         self.path = path
         self.index = index
+
+    def name_member(self, member: str) -> None:
+        """Name the sample's tar member in the message too: ``(sample 7: 'x.tar', member
+        'abc.jpg')``."""
+        text, tail = str(self.args[0]), f"(sample {self.index}: {self.path!r})"
+        if self.member is None and text.endswith(tail):
+            self.args = (f"{text[:-1]}, member {member!r})", *self.args[1:])
+        self.member = member
 
     @property
     def summary(self) -> str:

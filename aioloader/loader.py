@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 
 from aioloader.base.threads import in_thread
+from aioloader.build import with_members
 from aioloader.cache.settings import Cache
 from aioloader.config import LoaderConfig
 from aioloader.dataset import FileDataset, StrPath
@@ -206,6 +207,8 @@ class Loader:
     ) -> None:
         given = {name: value for name, value in locals().items() if name not in ("self", "dataset")}
         self._dataset = FileDataset.coerce(dataset)
+        if self._dataset.members is not None:  # from_tars(members=...): the decode gets a dict
+            given["decode"] = with_members(self._dataset.members, decode, cache)
         remote = is_remote(self._dataset.path(0))
         # The zygote is made before the device is resolved (CUDA's context): see zygote.early.
         self._config = LoaderConfig.create(given, remote=remote, early=zygote.early)

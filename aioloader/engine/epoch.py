@@ -83,7 +83,7 @@ class Engine:
         # queued and held by the trainer do not each keep a batch of file bytes.
         self._inputs = inputs
         self._counters = counters
-        self.policy = FailurePolicy(failures.on_error, failures.max_failures, counters)
+        self.policy = FailurePolicy(failures.on_error, failures.max_failures, counters, dataset.member)
         #: The decode stage (chosen where the loader is built); None with ``decode=None``.
         self._stage = stage
         self._assembler = Assembler(

@@ -25,6 +25,7 @@ The decisions are pure functions (:func:`over_limit`, :func:`reaches_minimum`,
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from aioloader.errors import LoaderError, SampleError
 from aioloader.observe.stats import Counters
@@ -86,8 +87,16 @@ class FailurePolicy:
     """Decides, for each failed sample, whether the epoch stops; keeps the counts in
     ``counters`` (which ``state_dict`` saves and ``load_state_dict`` restores)."""
 
-    def __init__(self, on_error: str, max_failures: int | float | None, counters: Counters) -> None:
+    def __init__(
+        self,
+        on_error: str,
+        max_failures: int | float | None,
+        counters: Counters,
+        member: Callable[[int], str | None] | None = None,
+    ) -> None:
         self.on_error = on_error
+        #: The tar member a sample index is (``FileDataset.member``), named in its errors.
+        self._member = member
         self.max_failures = max_failures
         self._counters = counters
         self._warned: set[str] = set()
@@ -114,6 +123,8 @@ class FailurePolicy:
     def failed(self, err: SampleError) -> None:
         """Raise ``err`` (``"raise"``), or count it and return (``"skip"``); raise a
         :class:`LoaderError` when this failure is one too many."""
+        if self._member is not None and (name := self._member(err.index)) is not None:
+            err.name_member(name)
         if self.on_error == "raise":
             err.hint = SKIP_HINT
             raise err

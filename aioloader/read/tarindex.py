@@ -23,11 +23,12 @@ from typing import Any
 
 from aioloader.base.threads import run_apart
 from aioloader.read.backends import FsspecBackend
-from aioloader.read.tars import Member
+from aioloader.read.tars import Member, sample_entries
+from aioloader.read.tarsample import MemberNames
 from aioloader.read.tarscan import SCANS, cached, keep, local_index, read_index, scan, scan_local
 from aioloader.read.urls import is_remote, local_path, options_for, redact, scheme
 
-__all__ = ["AHEAD", "ASKS", "CHUNK", "load_indexes", "scan_fresh"]
+__all__ = ["AHEAD", "ASKS", "CHUNK", "load_indexes", "sample_table", "scan_fresh"]
 
 #: Requests for shards' identities and sidecars at once (small answers: a round trip each).
 ASKS = 64
@@ -54,6 +55,26 @@ def load_indexes(shards: list[str], storage_options: Mapping[str, Any] | None) -
             for i, members in zip(remote, got, strict=True):
                 out[i] = members
     return [m if m is not None else [] for m in out]
+
+
+def sample_table(
+    shards: list[str],
+    storage_options: Mapping[str, Any] | None,
+    image: str | None,
+    label: str | tuple[str, str] | None,
+    extra: tuple[str, ...] | None,
+) -> tuple[list[tuple[str, int, int]], list[int], MemberNames]:
+    """The entries, labels and member names of every shard's samples, in order (see
+    :func:`~aioloader.read.tars.sample_entries`)."""
+    entries: list[tuple[str, int, int]] = []
+    labels: list[int] = []
+    names = MemberNames()
+    for shard, members in zip(shards, load_indexes(shards, storage_options), strict=True):
+        got, got_labels, got_names = sample_entries(shard, members, image, label, extra)
+        entries += got
+        labels += got_labels
+        names.add(got_names)
+    return entries, labels, names
 
 
 def scan_fresh(shards: list[str], storage_options: Mapping[str, Any] | None = None) -> list[list[Member]]:

@@ -171,31 +171,65 @@ def sample_entries(
     members: list[Member],
     image: str | None,
     label: str | tuple[str, str] | None,
-) -> tuple[list[tuple[str, int, int]], list[int]]:
-    """The entries ``(shard, offset, size)`` of ``shard``'s samples' image members, and their
-    labels (empty without ``label``): ``label`` names the member holding an int as text
-    (``"cls"``) or ``(extension, field)`` of a JSON member. A ``ValueError`` naming the shard
-    and the sample's key for a sample without its image or its label, or a label that is not
-    an int."""
+    extra: tuple[str, ...] | None = (),
+) -> tuple[list[tuple[str, int, int]], list[int], list[str]]:
+    """The entries ``(shard, offset, size)`` of ``shard``'s samples, their labels (empty
+    without ``label``) and their image members' names. An entry is the image member's data;
+    with ``extra`` extensions (None: all of the sample's members) it is the byte range from
+    the headers of the first of those members and the image to the end of the last one's
+    data, which :class:`~aioloader.read.tarsample.WithMembers` splits again. ``label`` names
+    the member holding an int as text (``"cls"``) or ``(extension, field)`` of a JSON member.
+    A ``ValueError`` naming the shard and the sample's key for a sample without its image,
+    an ``extra`` member or its label, or a label that is not an int."""
     entries: list[tuple[str, int, int]] = []
     labels: list[int] = []
+    names: list[str] = []
+    starts = _header_starts(members) if extra != () else {}
     for key, parts in group_samples(members):
         lower = {ext.lower(): m for ext, m in parts.items()}
-        if image is not None:
-            found = lower.get(image.lower())
+        found = _image(shard, key, lower, image)
+        if extra == ():
+            entries.append((shard, found.offset, found.size))
         else:
-            found = next((lower[e] for e in IMAGE_MEMBERS if e in lower), None)
-        if found is None:
-            wanted = (
-                f"a {image!r} member"
-                if image is not None
-                else f"an image member ({', '.join(IMAGE_MEMBERS)})"
-            )
-            raise ValueError(f"from_tars: {shard}: sample {key!r} has no {wanted}; it has {sorted(parts)}")
-        entries.append((shard, found.offset, found.size))
+            wanted = list(parts.values()) if extra is None else [found, *_extra(shard, key, lower, extra)]
+            start = min(starts[m.offset] for m in wanted)
+            entries.append((shard, start, max(m.offset + m.size for m in wanted) - start))
+        names.append(found.name)
         if label is not None:
             labels.append(_label(shard, key, lower, label))
-    return entries, labels
+    return entries, labels, names
+
+
+def _header_starts(members: list[Member]) -> dict[int, int]:
+    """Where the headers of each member (keyed by its data offset) begin: the end of the
+    padded data of the member before it (0 for the first); anything between (a directory,
+    a pax header) is headers too."""
+    starts, end = {}, 0
+    for m in members:
+        starts[m.offset] = end
+        end = m.offset + -(-m.size // BLOCK) * BLOCK
+    return starts
+
+
+def _image(shard: str, key: str, lower: dict[str, Member], image: str | None) -> Member:
+    if image is not None:
+        found = lower.get(image.lower())
+    else:
+        found = next((lower[e] for e in IMAGE_MEMBERS if e in lower), None)
+    if found is None:
+        wanted = f"{image!r} member" if image is not None else f"image member ({', '.join(IMAGE_MEMBERS)})"
+        raise ValueError(f"from_tars: {shard}: sample {key!r} has no {wanted}; it has {sorted(lower)}")
+    return found
+
+
+def _extra(shard: str, key: str, lower: dict[str, Member], extra: tuple[str, ...]) -> list[Member]:
+    missing = [e for e in extra if e not in lower]
+    if missing:
+        raise ValueError(
+            f"from_tars: {shard}: sample {key!r} has no {missing[0]!r} member (members={list(extra)!r});"
+            f" it has {sorted(lower)}"
+        )
+    return [lower[e] for e in extra]
 
 
 def _label(shard: str, key: str, parts: dict[str, Member], label: str | tuple[str, str]) -> int:
