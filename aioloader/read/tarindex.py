@@ -143,26 +143,47 @@ async def _remote_index(
 
 class _Chunks:
     """What a parser thread reads: the chunks a loop task puts in a bounded queue (b"" at
-    the end, an exception where the read failed)."""
+    the end, an exception where the read failed). A read copies only what it returns, a skip
+    nothing: the chunk is kept whole with a position in it (slicing off what was read would
+    copy the rest of an 8 MiB chunk for each 512-byte header)."""
 
     def __init__(self) -> None:
         self.queue: queue.Queue[bytes | BaseException] = queue.Queue(AHEAD)
         self.done = threading.Event()
         self._buf = b""
+        self._pos = 0
+        self._ended = False
+
+    def _more(self) -> bool:
+        """The next chunk after what is left of this one; False at the end."""
+        if self._ended:
+            return False
+        try:
+            part = self.queue.get(timeout=WAIT)
+        except queue.Empty:
+            raise TimeoutError(f"no data for {WAIT:.0f} s") from None
+        if isinstance(part, BaseException):
+            raise part
+        self._ended = not part
+        self._buf, self._pos = self._buf[self._pos :] + part, 0
+        return not self._ended
 
     def read(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            try:
-                part = self.queue.get(timeout=WAIT)
-            except queue.Empty:
-                raise TimeoutError(f"no data for {WAIT:.0f} s") from None
-            if isinstance(part, BaseException):
-                raise part
-            if not part:
-                break
-            self._buf += part
-        out, self._buf = self._buf[:n], self._buf[n:]
+        while len(self._buf) - self._pos < n and self._more():
+            pass
+        out = self._buf[self._pos : self._pos + n]
+        self._pos += len(out)
         return out
+
+    def skip(self, n: int) -> int:
+        """Move past ``n`` bytes; how many there were."""
+        got = 0
+        while True:
+            step = min(n - got, len(self._buf) - self._pos)
+            self._pos += step
+            got += step
+            if got == n or not self._more():
+                return got
 
 
 async def _stream_scan(fs: Any, url: str, size: int, pool: ThreadPoolExecutor) -> list[Member]:
@@ -191,6 +212,6 @@ async def _stream_scan(fs: Any, url: str, size: int, pool: ThreadPoolExecutor) -
 
 def _parse(chunks: _Chunks, shown: str) -> list[Member]:
     try:
-        return scan(chunks, shown)
+        return scan(chunks, shown, skip=chunks.skip)
     finally:
         chunks.done.set()  # the feeder stops: the parser has what it needs, or failed
