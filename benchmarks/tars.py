@@ -6,7 +6,8 @@ plain user function ``userfns.random_crop``. Asserts nothing about time.
 The shards: ``--images`` JPEGs of 500x375 (``userfns.image_folder``) packed ``key.jpg`` +
 ``key.cls`` into ``--shards`` tars (made once, then reused). Read from local disk, and over
 HTTP from the loopback file server of ``tests/servers.py`` with ``--latency`` ms added to
-every request. Loaders, all with batch 64 and ``--workers`` processes:
+every request and, with ``--mbps``, each answer's body sent at most that fast (a far store
+that serves one stream slowly; 0: no cap). Loaders, all with batch 64 and ``--workers`` processes:
 
 - ``aioloader uniform``: ``shuffle=True``, each sample one ranged read, uniformly over every
   shard (the dataset made, and its index read from the local index cache, inside the timing);
@@ -22,7 +23,7 @@ index pass) and with the index cached; and the index's size and a FileDataset's 
 million samples.
 
     python benchmarks/tars.py [--images 20000] [--shards 20] [--where local,http] [--latency 20]
-                              [--rounds 2] [--workers 2] [--first-batch] [--index-shards 1000]
+                              [--mbps 0,25] [--rounds 2] [--workers 2] [--first-batch] [--index-shards 1000]
 """
 
 from __future__ import annotations
@@ -150,18 +151,25 @@ def epoch(make: Callable[[], Any]) -> tuple[float, int]:
 def throughput(args: argparse.Namespace, shards: Path) -> None:
     results: dict[tuple[str, str], list[float]] = defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
-        places: dict[str, list[str]] = {}
+        places: dict[str, tuple[list[str], Callable[[], None] | None]] = {}
         servers = []
         if "local" in args.where:
-            places["local"] = shard_urls(str(shards), args.shards)
+            places["local"] = (shard_urls(str(shards), args.shards), None)
         if "http" in args.where:
             server = start_file_server(shards)
             servers.append(server)
-            # ETag and Last-Modified, as real servers send: the index is cached by them.
-            control(server.url, latency_ms=args.latency, versions=True)
-            places[f"http +{args.latency} ms"] = shard_urls(server.url, args.shards)
+            for mbps in (float(m) for m in args.mbps.split(",")):
+                # ETag and Last-Modified, as real servers send: the index is cached by them.
+                settings = {"latency_ms": args.latency, "versions": True, "mbps": mbps}
+                name = f"http +{args.latency} ms" + (f", {mbps:g} MB/s a stream" if mbps else "")
+                places[name] = (
+                    shard_urls(server.url, args.shards),
+                    lambda u=server.url, c=settings: control(u, **c),
+                )
         try:
-            for place, urls in places.items():
+            for place, (urls, setup) in places.items():
+                if setup is not None:
+                    setup()
                 FileDataset.from_tars(urls)  # the index, cached before the rounds (see --first-batch)
                 made = loaders(urls, args, Path(tmp) / "wids")
                 for _ in range(args.rounds):
@@ -247,6 +255,11 @@ def main() -> int:
     p.add_argument("--shards", type=int, default=20)
     p.add_argument("--where", default="local,http")
     p.add_argument("--latency", type=int, default=20, help="ms added to each HTTP request")
+    p.add_argument(
+        "--mbps",
+        default="0",
+        help="HTTP: each answer's MB/s, comma-separated (0: no cap; a far store's one stream)",
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workers", type=int, default=min(2, usable_cpus()))
     p.add_argument("--first-batch", action="store_true")

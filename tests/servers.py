@@ -25,7 +25,9 @@ answer ``fail_status``: one object refused, say) and ``hold_until`` (requests ar
 before their latency, until that many are in flight at once; then every request goes
 through, until the next ``_control``; a hang guard lets them all go after ``hold_s``,
 default 30) and ``versions`` (whole-file answers carry ``ETag`` and ``Last-Modified``, as
-byte ranges always do; off by default: a server that gives no version). ``GET /_stats``
+byte ranges always do; off by default: a server that gives no version) and ``mbps`` (each
+answer's body sent at most that many MB/s, as a far store serves one stream: 0, the
+default, as fast as it goes). ``GET /_stats``
 (:func:`server_stats`) returns the request count and the most requests in flight at once
 since the last ``_control``; ``GET /_requests`` (:func:`server_requests`), the requests
 since the last ``_control`` by method and path (``"HEAD /bucket/key": 1``), so a test tells
@@ -225,6 +227,7 @@ CONTROL_DEFAULTS: dict[str, object] = {
     "hold_until": 0,
     "hold_s": 30.0,
     "versions": False,
+    "mbps": 0.0,
 }
 
 #: The S3 error code the proxy's failures carry, by status.
@@ -343,6 +346,8 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
             if root not in path.parents or not path.is_file():
                 return web.Response(status=404, text="no such object")
             if not cut:
+                if control["mbps"] and request.method == "GET":
+                    return await paced(request, path, float(control["mbps"]))
                 if "Range" in request.headers or control["versions"]:
                     return web.FileResponse(path)  # answers the byte range; ETag, Last-Modified
                 return web.Response(body=path.read_bytes())  # cheaper per request than FileResponse
@@ -352,6 +357,30 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
         await resp.write(data[: len(data) // 2])
         assert request.transport is not None
         request.transport.close()  # the body is cut short: the client sees a short payload
+        return resp
+
+    async def paced(request: web.Request, path: Path, mbps: float) -> web.StreamResponse:
+        """The file, or the byte range asked for, at most ``mbps`` MB/s, in 64 KiB writes."""
+        size = path.stat().st_size
+        start, end, status, down = 0, size - 1, 200, {"ETag": f'"{size}-{path.stat().st_mtime_ns}"'}
+        asked = request.headers.get("Range", "")
+        if asked.startswith("bytes="):
+            first, _, last = asked[6:].partition("-")
+            start, end, status = int(first), min(int(last) if last else size - 1, size - 1), 206
+            down["Content-Range"] = f"bytes {start}-{end}/{size}"
+        resp = web.StreamResponse(status=status, headers={**down, "Content-Length": str(end - start + 1)})
+        await resp.prepare(request)
+        t0, sent = time.perf_counter(), 0
+        with open(path, "rb") as f:
+            f.seek(start)
+            while sent < end - start + 1:
+                piece = f.read(min(65536, end - start + 1 - sent))
+                await resp.write(piece)
+                sent += len(piece)
+                ahead = sent / (mbps * 1e6) - (time.perf_counter() - t0)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+        await resp.write_eof()
         return resp
 
     def failure(status: int) -> web.Response:
