@@ -175,6 +175,35 @@ def test_http_shards_are_indexed_in_one_pass_then_from_the_cache(served: tuple[s
     )
 
 
+@pytest.mark.parametrize("big", [False, True])
+def test_a_remote_scan_streams_small_members_and_jumps_over_big_ones(
+    served: tuple[str, list[Path]], monkeypatch: pytest.MonkeyPatch, big: bool
+) -> None:
+    """Ranges of ``CHUNK`` bytes where the parser reads: members smaller than a range are
+    streamed through (a GET a range), a member larger is passed over by a new GET where the
+    next header is, its bytes never asked for."""
+    from servers import control, server_requests
+
+    url, shards = served
+    root = shards[0].parent  # what the server serves
+    monkeypatch.setattr(tarindex, "CHUNK", 64 << 10)
+    size = 300_000 if big else 3_000
+    samples = [(f"k{k:02d}", {"jpg": bytes([k]) * (size + k), "cls": str(k).encode()}) for k in range(12)]
+    write_shard(root / "big.tar", samples)
+    control(url)
+    (members,) = tarindex.scan_fresh([f"{url}/big.tar"])
+    assert [(m.name, m.size) for m in members] == [
+        (f"k{k:02d}.{e}", len(d)) for k, p in samples for e, d in p.items()
+    ]
+    assert [m.text for m in members if m.name.endswith(".cls")] == [str(k) for k in range(12)]
+    gets = server_requests(url).get("GET /big.tar", 0)
+    shard_size = (root / "big.tar").stat().st_size
+    if big:  # one GET a sample (a header, the label, the next header), no range of an image
+        assert 12 <= gets <= 14 and shard_size > 40 * (64 << 10)
+    else:  # streamed: a GET a range, the next asked ahead
+        assert gets <= -(-shard_size // (64 << 10)) + 1
+
+
 def test_a_sidecar_written_by_the_command_is_read_instead_of_a_scan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,12 +1,13 @@
 """The indexes of a list of tar shards, local and remote (see :mod:`aioloader.read.tarscan`
 for where an index comes from and its format).
 
-A remote shard is scanned in one pass front to back, in ranged reads of :data:`CHUNK` bytes
-awaited one after another on an event loop of this module's own (on a thread of its own, as
-``read/remote.py``'s ``list_folder``: it works inside a running loop too), through the
-asynchronous fsspec client the reader uses; the headers are parsed on a thread as the
-chunks arrive, through a bounded queue, so a shard is never held whole in memory
-(:data:`AHEAD` chunks at most). A shard's identity (a HEAD) is asked first: an index cached
+A remote shard is scanned in ranged reads of :data:`CHUNK` bytes where the parser reads
+(:class:`_Ranges`), through the asynchronous fsspec client the reader uses, on an event loop
+of this module's own (on a thread of its own, as ``read/remote.py``'s ``list_folder``: it
+works inside a running loop too); the headers are parsed on a thread as the ranges arrive,
+the next one asked for meanwhile, so a shard is never held whole in memory (two ranges at
+most), and a member larger than a range is passed over by a new GET, not downloaded.
+A shard's identity (a HEAD) is asked first: an index cached
 for it is used, else a sidecar ``<shard>.idx``, else the shard is scanned; identities and
 sidecars are asked :data:`ASKS` at once, shards scanned :data:`~aioloader.read.tarscan.SCANS`
 at once. The client is closed when the last index is in: nothing outlives the call.
@@ -15,10 +16,9 @@ at once. The client is closed when the last index is in: nothing outlives the ca
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from aioloader.base.threads import run_apart
@@ -28,15 +28,13 @@ from aioloader.read.tarsample import MemberNames
 from aioloader.read.tarscan import SCANS, cached, keep, local_index, read_index, scan, scan_local
 from aioloader.read.urls import is_remote, local_path, options_for, redact, scheme
 
-__all__ = ["AHEAD", "ASKS", "CHUNK", "load_indexes", "sample_table", "scan_fresh"]
+__all__ = ["ASKS", "CHUNK", "WAIT", "load_indexes", "sample_table", "scan_fresh"]
 
 #: Requests for shards' identities and sidecars at once (small answers: a round trip each).
 ASKS = 64
-#: Bytes a remote scan asks for at once.
+#: Bytes a remote scan asks for at once; a member larger than this is passed over by a new GET.
 CHUNK = 8 << 20
-#: Chunks a remote scan may have read ahead of its parser.
-AHEAD = 2
-#: Seconds a parser waits for its next chunk before the shard is given up.
+#: Seconds a parser waits for a range before the shard is given up.
 WAIT = 300.0
 
 
@@ -141,77 +139,90 @@ async def _remote_index(
     return members
 
 
-class _Chunks:
-    """What a parser thread reads: the chunks a loop task puts in a bounded queue (b"" at
-    the end, an exception where the read failed). A read copies only what it returns, a skip
-    nothing: the chunk is kept whole with a position in it (slicing off what was read would
-    copy the rest of an 8 MiB chunk for each 512-byte header)."""
+class _Ranges:
+    """A remote shard as :func:`~aioloader.read.tarscan.scan` reads it: ranged GETs of
+    :data:`CHUNK` bytes where it reads, the next one asked for while it parses this one; a
+    skip only moves the position. A skip that lands in the GET ahead waits for it; one that
+    lands past it (a member larger than a GET) drops it and asks for the bytes where it
+    landed: passing a member by streaming it costs its bytes, by a new GET one round trip,
+    and past :data:`CHUNK` bytes the round trip is the cheaper on any store whose bandwidth
+    times latency is below that (a bucket's: 50-100 MB/s times 20-50 ms, 1-5 MB).
+    ``fetch(start, end)``: a future of those bytes, run on the loop."""
 
-    def __init__(self) -> None:
-        self.queue: queue.Queue[bytes | BaseException] = queue.Queue(AHEAD)
-        self.done = threading.Event()
-        self._buf = b""
+    def __init__(self, fetch: Callable[[int, int], Future[bytes]], size: int, shown: str) -> None:
+        self._fetch, self._size, self._shown = fetch, size, shown
         self._pos = 0
-        self._ended = False
-
-    def _more(self) -> bool:
-        """The next chunk after what is left of this one; False at the end."""
-        if self._ended:
-            return False
-        try:
-            part = self.queue.get(timeout=WAIT)
-        except queue.Empty:
-            raise TimeoutError(f"no data for {WAIT:.0f} s") from None
-        if isinstance(part, BaseException):
-            raise part
-        self._ended = not part
-        self._buf, self._pos = self._buf[self._pos :] + part, 0
-        return not self._ended
+        self._buf, self._at = b"", 0  # bytes [_at, _at + len(_buf)) of the shard
+        self._ahead: tuple[int, Future[bytes]] | None = None  # the next GET: where, its bytes
+        #: GETs asked for (the tests count them).
+        self.gets = 0
 
     def read(self, n: int) -> bytes:
-        while len(self._buf) - self._pos < n and self._more():
-            pass
-        out = self._buf[self._pos : self._pos + n]
-        self._pos += len(out)
-        return out
+        end, parts = min(self._pos + n, self._size), []
+        while self._pos < end:
+            if not self._at <= self._pos < self._at + len(self._buf):
+                self._refill()
+            off = self._pos - self._at
+            part = self._buf[off : off + end - self._pos]
+            parts.append(part)
+            self._pos += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def skip(self, n: int) -> int:
-        """Move past ``n`` bytes; how many there were."""
-        got = 0
-        while True:
-            step = min(n - got, len(self._buf) - self._pos)
-            self._pos += step
-            got += step
-            if got == n or not self._more():
-                return got
+        """Move past ``n`` bytes; how many there were before the shard's end."""
+        n = max(0, min(n, self._size - self._pos))
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead[1].cancel()
+            self._ahead = None
+
+    def _refill(self) -> None:
+        """The bytes from the GET ahead where the position lands in it, else from a new one;
+        the next range is asked for ahead while the parser reads on front to back (after a
+        jump, members larger than a range: the next read is likely a jump too, none is)."""
+        ahead, self._ahead = self._ahead, None
+        onward = self._pos == self._at + len(self._buf)
+        if ahead is not None and ahead[0] <= self._pos < ahead[0] + CHUNK:
+            start, got, onward = ahead[0], ahead[1], True
+        else:
+            if ahead is not None:
+                ahead[1].cancel()
+            start, got = self._pos, self._get(self._pos)
+        self._buf, self._at = self._wait(got, start), start
+        following = start + len(self._buf)
+        if self._pos >= following:
+            raise OSError(
+                f"{self._shown}: the server sent {len(self._buf)} bytes at {start}, short of {self._pos}"
+            )
+        if onward and following < self._size:
+            self._ahead = (following, self._get(following))
+
+    def _get(self, start: int) -> Future[bytes]:
+        self.gets += 1
+        return self._fetch(start, min(start + CHUNK, self._size))
+
+    def _wait(self, got: Future[bytes], start: int) -> bytes:
+        try:
+            return got.result(timeout=WAIT)
+        except FutureTimeout:
+            raise TimeoutError(f"{self._shown}: no answer for {WAIT:.0f} s at byte {start}") from None
+        except Exception as exc:  # noqa: BLE001 - any client's error, named
+            raise OSError(f"{self._shown}: {exc}") from None
 
 
 async def _stream_scan(fs: Any, url: str, size: int, pool: ThreadPoolExecutor) -> list[Member]:
-    chunks = _Chunks()
-    loop = asyncio.get_running_loop()
-    parsing = loop.run_in_executor(pool, _parse, chunks, redact(url))
+    """The members of the remote shard ``url`` (``size`` bytes), parsed on a ``pool``
+    thread from the ranges :class:`_Ranges` fetches on this loop."""
+    loop, shown = asyncio.get_running_loop(), redact(url)
 
-    async def put(item: bytes | BaseException) -> bool:
-        while not chunks.done.is_set():
-            try:
-                chunks.queue.put_nowait(item)
-                return True
-            except queue.Full:
-                await asyncio.sleep(0.005)
-        return False
+    def fetch(start: int, end: int) -> Future[bytes]:
+        return asyncio.run_coroutine_threadsafe(fs._cat_file(url, start=start, end=end), loop)
 
+    ranges = _Ranges(fetch, size, shown)
     try:
-        for start in range(0, size, CHUNK):
-            if not await put(await fs._cat_file(url, start=start, end=min(start + CHUNK, size))):
-                break
-        await put(b"")
-    except Exception as exc:  # noqa: BLE001 - any client's error: the parser raises it, named
-        await put(OSError(f"{redact(url)}: {exc}"))
-    return await parsing
-
-
-def _parse(chunks: _Chunks, shown: str) -> list[Member]:
-    try:
-        return scan(chunks, shown, skip=chunks.skip)
+        return await loop.run_in_executor(pool, lambda: scan(ranges, shown, skip=ranges.skip))
     finally:
-        chunks.done.set()  # the feeder stops: the parser has what it needs, or failed
+        ranges.close()
