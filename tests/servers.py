@@ -348,6 +348,10 @@ def _serve(root: Path | None, port: int, upstream: str | None = None) -> None:  
             if not cut:
                 if control["mbps"] and request.method == "GET":
                     return await paced(request, path, float(control["mbps"]))
+                if request.method == "HEAD" and not control["versions"]:  # the size, not the file read
+                    head = web.StreamResponse(headers={"Content-Length": str(path.stat().st_size)})
+                    await head.prepare(request)
+                    return head
                 if "Range" in request.headers or control["versions"]:
                     return web.FileResponse(path)  # answers the byte range; ETag, Last-Modified
                 return web.Response(body=path.read_bytes())  # cheaper per request than FileResponse

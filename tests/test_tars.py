@@ -187,6 +187,7 @@ def test_a_remote_scan_streams_small_members_and_jumps_over_big_ones(
     url, shards = served
     root = shards[0].parent  # what the server serves
     monkeypatch.setattr(tarindex, "CHUNK", 64 << 10)
+    monkeypatch.setattr(tarindex, "JUMP", 16 << 10)
     size = 300_000 if big else 3_000
     samples = [(f"k{k:02d}", {"jpg": bytes([k]) * (size + k), "cls": str(k).encode()}) for k in range(12)]
     write_shard(root / "big.tar", samples)

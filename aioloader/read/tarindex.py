@@ -28,12 +28,18 @@ from aioloader.read.tarsample import MemberNames
 from aioloader.read.tarscan import SCANS, cached, keep, local_index, read_index, scan, scan_local
 from aioloader.read.urls import is_remote, local_path, options_for, redact, scheme
 
-__all__ = ["ASKS", "CHUNK", "WAIT", "load_indexes", "sample_table", "scan_fresh"]
+__all__ = ["ASKS", "CHUNK", "JUMP", "WAIT", "load_indexes", "sample_table", "scan_fresh"]
 
 #: Requests for shards' identities and sidecars at once (small answers: a round trip each).
 ASKS = 64
 #: Bytes a remote scan asks for at once; a member larger than this is passed over by a new GET.
 CHUNK = 8 << 20
+#: Bytes past what was fetched beyond which a skip starts a new GET where it lands, rather
+#: than wait for them to stream by: a round trip costs less than that many bytes at the
+#: bandwidth of a bucket's stream (20-50 ms at 50-100 MB/s: 1-5 MB).
+JUMP = 1 << 20
+#: Bytes a GET asks for after a jump: a header, a label, the next header.
+AFTER_JUMP = 64 << 10
 #: Seconds a parser waits for a range before the shard is given up.
 WAIT = 300.0
 
@@ -140,13 +146,11 @@ async def _remote_index(
 
 
 class _Ranges:
-    """A remote shard as :func:`~aioloader.read.tarscan.scan` reads it: ranged GETs of
-    :data:`CHUNK` bytes where it reads, the next one asked for while it parses this one; a
-    skip only moves the position. A skip that lands in the GET ahead waits for it; one that
-    lands past it (a member larger than a GET) drops it and asks for the bytes where it
-    landed: passing a member by streaming it costs its bytes, by a new GET one round trip,
-    and past :data:`CHUNK` bytes the round trip is the cheaper on any store whose bandwidth
-    times latency is below that (a bucket's: 50-100 MB/s times 20-50 ms, 1-5 MB).
+    """A remote shard as :func:`~aioloader.read.tarscan.scan` reads it: ranged GETs where
+    it reads, the next asked for while it parses this one; a skip only moves the position.
+    A skip that lands more than :data:`JUMP` bytes past what was fetched (a member larger
+    than that) asks for the bytes where it landed instead of waiting for those it passes
+    over: streaming past a member costs its bytes, a new GET one round trip.
     ``fetch(start, end)``: a future of those bytes, run on the loop."""
 
     def __init__(self, fetch: Callable[[int, int], Future[bytes]], size: int, shown: str) -> None:
@@ -180,17 +184,22 @@ class _Ranges:
             self._ahead = None
 
     def _refill(self) -> None:
-        """The bytes from the GET ahead where the position lands in it, else from a new one;
-        the next range is asked for ahead while the parser reads on front to back (after a
-        jump, members larger than a range: the next read is likely a jump too, none is)."""
+        """The bytes from the position on: the GET ahead's where the position is at most
+        :data:`JUMP` bytes into it, else a new GET's. Reading on front to back, a range is
+        :data:`CHUNK` bytes and the next is asked for ahead; at the start, and after a jump
+        (members larger than that: the next read is likely a jump too), a range is
+        :data:`AFTER_JUMP` bytes and none is asked ahead."""
         ahead, self._ahead = self._ahead, None
-        onward = self._pos == self._at + len(self._buf)
-        if ahead is not None and ahead[0] <= self._pos < ahead[0] + CHUNK:
+        # The first range is small too: a shard of large members is known after it, and a
+        # GET ahead dropped mid-way costs its connection.
+        fetched = self._at + len(self._buf)
+        onward = fetched > 0 and self._pos - fetched < JUMP
+        if ahead is not None and ahead[0] <= self._pos < ahead[0] + JUMP:
             start, got, onward = ahead[0], ahead[1], True
         else:
             if ahead is not None:
                 ahead[1].cancel()
-            start, got = self._pos, self._get(self._pos)
+            start, got = self._pos, self._get(self._pos, CHUNK if onward else AFTER_JUMP)
         self._buf, self._at = self._wait(got, start), start
         following = start + len(self._buf)
         if self._pos >= following:
@@ -198,11 +207,11 @@ class _Ranges:
                 f"{self._shown}: the server sent {len(self._buf)} bytes at {start}, short of {self._pos}"
             )
         if onward and following < self._size:
-            self._ahead = (following, self._get(following))
+            self._ahead = (following, self._get(following, CHUNK))
 
-    def _get(self, start: int) -> Future[bytes]:
+    def _get(self, start: int, size: int) -> Future[bytes]:
         self.gets += 1
-        return self._fetch(start, min(start + CHUNK, self._size))
+        return self._fetch(start, min(start + size, self._size))
 
     def _wait(self, got: Future[bytes], start: int) -> bytes:
         try:
