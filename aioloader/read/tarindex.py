@@ -186,20 +186,21 @@ class _Ranges:
     def _refill(self) -> None:
         """The bytes from the position on: the GET ahead's where the position is at most
         :data:`JUMP` bytes into it, else a new GET's. Reading on front to back, a range is
-        :data:`CHUNK` bytes and the next is asked for ahead; at the start, and after a jump
-        (members larger than that: the next read is likely a jump too), a range is
-        :data:`AFTER_JUMP` bytes and none is asked ahead."""
+        :data:`CHUNK` bytes and the next is asked for ahead (not after the first: a small
+        shard is one GET); after a jump (members larger than that: the next read is likely a
+        jump too) a range is :data:`AFTER_JUMP` bytes and none is asked ahead."""
         ahead, self._ahead = self._ahead, None
-        # The first range is small too: a shard of large members is known after it, and a
+        # None ahead of the first range: a shard of large members is known after it, and a
         # GET ahead dropped mid-way costs its connection.
         fetched = self._at + len(self._buf)
         onward = fetched > 0 and self._pos - fetched < JUMP
+        size = CHUNK if onward or not fetched else AFTER_JUMP
         if ahead is not None and ahead[0] <= self._pos < ahead[0] + JUMP:
             start, got, onward = ahead[0], ahead[1], True
         else:
             if ahead is not None:
                 ahead[1].cancel()
-            start, got = self._pos, self._get(self._pos, CHUNK if onward else AFTER_JUMP)
+            start, got = self._pos, self._get(self._pos, size)
         self._buf, self._at = self._wait(got, start), start
         following = start + len(self._buf)
         if self._pos >= following:
