@@ -4,7 +4,7 @@ One WebDataset shard of ``--samples`` samples (a ``--kb`` KB ``.jpg`` and a ``.c
 indexed (each member's name, data offset and size, and the ``.cls`` text) by the library's
 own parser (``read/tarscan.scan``), fed four ways:
 
-- **local, a seek past each member** (what ``from_tars`` does: ``tarscan.scan_local``): a
+- **local, a seek past each member** (``from_tars``'s scan: ``tarscan.scan_local``): a
   512-byte read a header, the data skipped;
 - **local, front to back**: the whole file read in 1 MiB reads, the data read and dropped;
 - **HTTP, ``from_tars``'s scan** (``tarindex.scan_fresh``): ranged GETs of 8 MiB front to
@@ -131,15 +131,13 @@ def main() -> int:
         size = shard.stat().st_size
         server = start_file_server(Path(tmp))
         url = f"{server.url}/{shard.name}"
-        cases: dict[str, tuple[Callable[[], int], Callable[[], None] | None]] = {
-            "local warm, a seek past each member": (lambda: len(tarscan.scan_local(str(shard))), None),
-            "local warm, front to back": (lambda: front_to_back(shard), None),
-            "local cold, a seek past each member": (
+        cases: dict[str, tuple[Callable[[], int], Callable[[], None] | None]] = {}
+        for state, before in (("warm", None), ("cold", lambda: evict(shard))):
+            cases[f"local {state}, a seek past each member"] = (
                 lambda: len(tarscan.scan_local(str(shard))),
-                lambda: evict(shard),
-            ),
-            "local cold, front to back": (lambda: front_to_back(shard), lambda: evict(shard)),
-        }
+                before,
+            )
+            cases[f"local {state}, front to back"] = (lambda: front_to_back(shard), before)
         for ms in latencies:
             tag = f"+{ms:g} ms"
             cases[f"HTTP {tag}, from_tars's scan"] = (

@@ -17,7 +17,7 @@ import pytest
 
 from aioloader import FileDataset, Loader
 from aioloader.cli.main import main as cli
-from aioloader.read import tarindex, tarscan
+from aioloader.read import tarindex, tarranges, tarscan
 from aioloader.read.tars import TarFormatError, expand_braces, group_samples, split_key
 
 
@@ -186,8 +186,8 @@ def test_a_remote_scan_streams_small_members_and_jumps_over_big_ones(
 
     url, shards = served
     root = shards[0].parent  # what the server serves
-    monkeypatch.setattr(tarindex, "CHUNK", 64 << 10)
-    monkeypatch.setattr(tarindex, "JUMP", 16 << 10)
+    monkeypatch.setattr(tarranges, "CHUNK", 64 << 10)
+    monkeypatch.setattr(tarranges, "JUMP", 16 << 10)
     size = 300_000 if big else 3_000
     samples = [(f"k{k:02d}", {"jpg": bytes([k]) * (size + k), "cls": str(k).encode()}) for k in range(12)]
     write_shard(root / "big.tar", samples)
@@ -203,6 +203,7 @@ def test_a_remote_scan_streams_small_members_and_jumps_over_big_ones(
         assert 12 <= gets <= 14 and shard_size > 40 * (64 << 10)
     else:  # streamed: a GET a range, the next asked ahead
         assert gets <= -(-shard_size // (64 << 10)) + 1
+    assert tarscan.scan_local(str(root / "big.tar")) == members  # a seek past each member's data
 
 
 def test_a_sidecar_written_by_the_command_is_read_instead_of_a_scan(

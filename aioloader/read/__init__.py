@@ -17,8 +17,9 @@ threads, URLs on the event loop. Above
 | ``urls.py`` | URLs as strings: scheme, ``file://``, redaction, ``storage_options`` (S3's: as botocore's) |
 | ``backends.py`` | the clients: fsspec's async filesystems, obstore (loader process only), the choice |
 | ``tars.py`` | pure: tar headers (ustar, GNU, pax), members to WebDataset samples, brace notation |
-| ``tarsample.py`` | a sample's other members for the decode (its range split into a dict), member names for errors |
+| ``tarsample.py`` | a sample's other members for the decode (its range split), member names for errors |
 | ``tarscan.py`` | a shard's index: the scan (local: seeks past data), its format, sidecars, the cache |
+| ``tarranges.py`` | a remote shard read where its parser reads: GETs front to back, jumps past big members |
 | ``tarindex.py`` | the indexes of a shard list: local ones on threads, remote ones read on a loop apart |
 | ``settings.py`` | ``Reading``: the reading part's settings (reads in flight, ``read``, retries, storage) |
 """

@@ -1,12 +1,11 @@
 """The indexes of a list of tar shards, local and remote (see :mod:`aioloader.read.tarscan`
 for where an index comes from and its format).
 
-A remote shard is scanned in ranged reads of :data:`CHUNK` bytes where the parser reads
-(:class:`_Ranges`), through the asynchronous fsspec client the reader uses, on an event loop
-of this module's own (on a thread of its own, as ``read/remote.py``'s ``list_folder``: it
-works inside a running loop too); the headers are parsed on a thread as the ranges arrive,
-the next one asked for meanwhile, so a shard is never held whole in memory (two ranges at
-most), and a member larger than a range is passed over by a new GET, not downloaded.
+A remote shard is scanned in ranged GETs where the parser reads
+(:mod:`aioloader.read.tarranges`), through the asynchronous fsspec client the reader uses,
+on an event loop of this module's own (on a thread of its own, as ``read/remote.py``'s
+``list_folder``: it works inside a running loop too); the headers are parsed on a thread as
+the ranges arrive.
 A shard's identity (a HEAD) is asked first: an index cached
 for it is used, else a sidecar ``<shard>.idx``, else the shard is scanned; identities and
 sidecars are asked :data:`ASKS` at once, shards scanned :data:`~aioloader.read.tarscan.SCANS`
@@ -16,32 +15,22 @@ at once. The client is closed when the last index is in: nothing outlives the ca
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from aioloader.base.threads import run_apart
 from aioloader.read.backends import FsspecBackend
+from aioloader.read.tarranges import Ranges
 from aioloader.read.tars import Member, sample_entries
 from aioloader.read.tarsample import MemberNames
 from aioloader.read.tarscan import SCANS, cached, keep, local_index, read_index, scan, scan_local
 from aioloader.read.urls import is_remote, local_path, options_for, redact, scheme
 
-__all__ = ["ASKS", "CHUNK", "JUMP", "WAIT", "load_indexes", "sample_table", "scan_fresh"]
+__all__ = ["ASKS", "load_indexes", "sample_table", "scan_fresh"]
 
 #: Requests for shards' identities and sidecars at once (small answers: a round trip each).
 ASKS = 64
-#: Bytes a remote scan asks for at once; a member larger than this is passed over by a new GET.
-CHUNK = 8 << 20
-#: Bytes past what was fetched beyond which a skip starts a new GET where it lands, rather
-#: than wait for them to stream by: a round trip costs less than that many bytes at the
-#: bandwidth of a bucket's stream (20-50 ms at 50-100 MB/s: 1-5 MB).
-JUMP = 1 << 20
-#: Bytes a GET asks for after a jump: a header, a label, the next header.
-AFTER_JUMP = 64 << 10
-#: Seconds a parser waits for a range before the shard is given up.
-WAIT = 300.0
 
 
 def load_indexes(shards: list[str], storage_options: Mapping[str, Any] | None) -> list[list[Member]]:
@@ -145,93 +134,15 @@ async def _remote_index(
     return members
 
 
-class _Ranges:
-    """A remote shard as :func:`~aioloader.read.tarscan.scan` reads it: ranged GETs where
-    it reads, the next asked for while it parses this one; a skip only moves the position.
-    A skip that lands more than :data:`JUMP` bytes past what was fetched (a member larger
-    than that) asks for the bytes where it landed instead of waiting for those it passes
-    over: streaming past a member costs its bytes, a new GET one round trip.
-    ``fetch(start, end)``: a future of those bytes, run on the loop."""
-
-    def __init__(self, fetch: Callable[[int, int], Future[bytes]], size: int, shown: str) -> None:
-        self._fetch, self._size, self._shown = fetch, size, shown
-        self._pos = 0
-        self._buf, self._at = b"", 0  # bytes [_at, _at + len(_buf)) of the shard
-        self._ahead: tuple[int, Future[bytes]] | None = None  # the next GET: where, its bytes
-        #: GETs asked for (the tests count them).
-        self.gets = 0
-
-    def read(self, n: int) -> bytes:
-        end, parts = min(self._pos + n, self._size), []
-        while self._pos < end:
-            if not self._at <= self._pos < self._at + len(self._buf):
-                self._refill()
-            off = self._pos - self._at
-            part = self._buf[off : off + end - self._pos]
-            parts.append(part)
-            self._pos += len(part)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def skip(self, n: int) -> int:
-        """Move past ``n`` bytes; how many there were before the shard's end."""
-        n = max(0, min(n, self._size - self._pos))
-        self._pos += n
-        return n
-
-    def close(self) -> None:
-        if self._ahead is not None:
-            self._ahead[1].cancel()
-            self._ahead = None
-
-    def _refill(self) -> None:
-        """The bytes from the position on: the GET ahead's where the position is at most
-        :data:`JUMP` bytes into it, else a new GET's. Reading on front to back, a range is
-        :data:`CHUNK` bytes and the next is asked for ahead (not after the first: a small
-        shard is one GET); after a jump (members larger than that: the next read is likely a
-        jump too) a range is :data:`AFTER_JUMP` bytes and none is asked ahead."""
-        ahead, self._ahead = self._ahead, None
-        # None ahead of the first range: a shard of large members is known after it, and a
-        # GET ahead dropped mid-way costs its connection.
-        fetched = self._at + len(self._buf)
-        onward = fetched > 0 and self._pos - fetched < JUMP
-        size = CHUNK if onward or not fetched else AFTER_JUMP
-        if ahead is not None and ahead[0] <= self._pos < ahead[0] + JUMP:
-            start, got, onward = ahead[0], ahead[1], True
-        else:
-            if ahead is not None:
-                ahead[1].cancel()
-            start, got = self._pos, self._get(self._pos, size)
-        self._buf, self._at = self._wait(got, start), start
-        following = start + len(self._buf)
-        if self._pos >= following:
-            raise OSError(
-                f"{self._shown}: the server sent {len(self._buf)} bytes at {start}, short of {self._pos}"
-            )
-        if onward and following < self._size:
-            self._ahead = (following, self._get(following, CHUNK))
-
-    def _get(self, start: int, size: int) -> Future[bytes]:
-        self.gets += 1
-        return self._fetch(start, min(start + size, self._size))
-
-    def _wait(self, got: Future[bytes], start: int) -> bytes:
-        try:
-            return got.result(timeout=WAIT)
-        except FutureTimeout:
-            raise TimeoutError(f"{self._shown}: no answer for {WAIT:.0f} s at byte {start}") from None
-        except Exception as exc:  # noqa: BLE001 - any client's error, named
-            raise OSError(f"{self._shown}: {exc}") from None
-
-
 async def _stream_scan(fs: Any, url: str, size: int, pool: ThreadPoolExecutor) -> list[Member]:
     """The members of the remote shard ``url`` (``size`` bytes), parsed on a ``pool``
-    thread from the ranges :class:`_Ranges` fetches on this loop."""
+    thread from the ranges :class:`~aioloader.read.tarranges.Ranges` fetches on this loop."""
     loop, shown = asyncio.get_running_loop(), redact(url)
 
     def fetch(start: int, end: int) -> Future[bytes]:
         return asyncio.run_coroutine_threadsafe(fs._cat_file(url, start=start, end=end), loop)
 
-    ranges = _Ranges(fetch, size, shown)
+    ranges = Ranges(fetch, size, shown)
     try:
         return await loop.run_in_executor(pool, lambda: scan(ranges, shown, skip=ranges.skip))
     finally:
