@@ -14,9 +14,9 @@ the HEAD that gives the identity, a sidecar one more request):
    one front to back in ranged GETs, a member over a megabyte passed over by a GET where the
    next header is (:mod:`aioloader.read.tarranges`). Shards are scanned concurrently
    (:data:`SCANS` at once). Measured each way (``benchmarks/tar_index.py``): on a local disk
-   the seeks win 2x with the shard in the page cache and lose 1.6x cold against one pass
-   (85 KB members), and win 10-20x with large members either way; over HTTP one pass wins
-   4-50x against a GET a member at 0-20 ms a request (85 KB members).
+   the seeks win 2x with the shard in the page cache and lose 1.6-3x cold against one pass
+   (85 KB members), and win 50-100x with 10 MB members; over HTTP one pass wins 4-50x against
+   a GET a member at 0-20 ms a request (85 KB members).
 
 The index format (sidecar and cache alike), UTF-8 text, one member a line::
 
