@@ -40,8 +40,6 @@ class Ranges:
         self._pos = 0
         self._buf, self._at = b"", 0  # bytes [_at, _at + len(_buf)) of the shard
         self._ahead: tuple[int, Future[bytes]] | None = None  # the next GET: where, its bytes
-        #: GETs asked for (the tests count them).
-        self.gets = 0
 
     def read(self, n: int) -> bytes:
         end, parts = min(self._pos + n, self._size), []
@@ -76,7 +74,7 @@ class Ranges:
         # GET ahead dropped mid-way costs its connection.
         fetched = self._at + len(self._buf)
         onward = fetched > 0 and self._pos - fetched < JUMP
-        size = self._range() if onward or not fetched else AFTER_JUMP
+        size = CHUNK if onward or not fetched else AFTER_JUMP
         if ahead is not None and ahead[0] <= self._pos < ahead[0] + JUMP:
             start, got, onward = ahead[0], ahead[1], True
         else:
@@ -90,13 +88,9 @@ class Ranges:
                 f"{self._shown}: {len(self._buf)} bytes at byte {start}, short of {self._pos} (changed?)"
             )
         if onward and following < self._size:
-            self._ahead = (following, self._get(following, self._range()))
-
-    def _range(self) -> int:
-        return CHUNK  # read when used: the tests make it smaller
+            self._ahead = (following, self._get(following, CHUNK))
 
     def _get(self, start: int, size: int) -> Future[bytes]:
-        self.gets += 1
         return self._fetch(start, min(start + size, self._size))
 
     def _wait(self, got: Future[bytes], start: int) -> bytes:
