@@ -483,13 +483,15 @@ def test_throttling_and_cut_bodies_are_retried_and_counted(
         server = request.getfixturevalue("http_files")
         urls = [f"{server}/{os.path.basename(p)}" for p in numbered]
     control(server, fail_first=2, reset_every=7)
+    # Each path fails twice; a cut body can cost a second try too (the client's pooled
+    # connection the server closed): 6 tries leave room for two cuts on one path.
     with Loader(
         urls,
         batch_size=8,
         decode=decode_number,
         shuffle=False,
         num_workers=1,
-        read_retries=4,
+        read_retries=6,
         storage_options=options,
         **where,
     ) as loader:
