@@ -5,7 +5,7 @@ For each loader and each dataset size (default 2,000 and 20,000 JPEGs of 500x375
 larger set is copies of the smaller one's files), a fresh
 Python process runs one full epoch (``ImageDecoder(224)``, batch 64, shuffled, the same
 number of worker processes; the trainer reads a byte of every page of each batch, as a
-training step would) while a thread samples, every 20 ms:
+training step would) while this script, outside that process, samples every 20 ms:
 
 - PSS of the loader's process and all its descendants (worker processes, aioloader's fork
   server), from ``/proc/<pid>/smaps_rollup``. PSS splits each shared page between the
@@ -14,11 +14,16 @@ training step would) while a thread samples, every 20 ms:
   memfd slabs any process of the tree holds, or segments in ``/dev/shm`` with
   ``AIOLOADER_SLABS=devshm``; mapped or not; each once).
 
+The sampling is done from outside the measured process: a thread of the script's own in it
+would make aioloader start its zygote clean (see ``aioloader/procs/zygote.py``), not by the
+fork a script without threads gets. ``--with-thread`` measures that order on purpose: an idle
+Python thread (a TensorBoard writer's, say) started before the loader.
+
 The report gives each peak and the 20,000 / 2,000 ratio per loader (1.00 = memory does not
 depend on the dataset size), and checks that no ``aioloader-*`` slab is left after
 ``close()``. Asserts nothing.
 
-    python benchmarks/memory.py [--sizes 2000 20000] [--workers N] [--image-size 500x375]
+    python benchmarks/memory.py [--sizes 2000 20000] [--workers N] [--image-size 500x375] [--with-thread]
 """
 
 from __future__ import annotations
@@ -72,15 +77,17 @@ def shm_bytes(pids: list[int], any_maker: bool = False) -> int:
 
 
 class Sampler(threading.Thread):
-    """Samples this process tree's PSS and its slab bytes until stopped; keeps peaks."""
+    """Samples the PSS and slab bytes of process ``root`` and its descendants until stopped;
+    keeps peaks."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: int) -> None:
         super().__init__(name="memory-sampler", daemon=True)
+        self.root = root
         self.stop = threading.Event()
         self.peak_total = self.peak_main = self.peak_workers = self.peak_shm = 0
 
     def run(self) -> None:
-        me = os.getpid()
+        me = self.root
         while not self.stop.wait(0.02):
             pids = descendants(me)
             main = pss_bytes(me)
@@ -91,8 +98,9 @@ class Sampler(threading.Thread):
             self.peak_shm = max(self.peak_shm, shm_bytes(pids))
 
 
-def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, float]:
-    """Run one epoch of one loader in this process; returns the peaks (bytes)."""
+def one(loader_name: str, folder: str, workers: int, batch: int, with_thread: bool) -> dict[str, float]:
+    """Run one epoch of one loader in this process (the parent samples its memory); returns
+    the samples, seconds and slab bytes left after ``close()``."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -103,8 +111,8 @@ def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, fl
 
     files = FileDataset.from_folder(folder)
     decode = ImageDecoder(224)
-    sampler = Sampler()
-    sampler.start()
+    if with_thread:
+        threading.Thread(target=threading.Event().wait, name="idle", daemon=True).start()
     start = time.perf_counter()
     samples = 0
     if loader_name == "DataLoader":
@@ -126,21 +134,28 @@ def one(loader_name: str, folder: str, workers: int, batch: int) -> dict[str, fl
                 touch(_images)
                 samples += len(labels)
     seconds = time.perf_counter() - start
-    time.sleep(0.1)
-    sampler.stop.set()
-    sampler.join()
     del _images, labels  # the last batch: its mapping of a slab would count as left
     gc.collect()
     left = shm_bytes([os.getpid()], any_maker=True)  # whoever made them
-    return {
-        "total": sampler.peak_total,
-        "main": sampler.peak_main,
-        "workers": sampler.peak_workers,
-        "shm": sampler.peak_shm,
-        "left": left,
-        "samples": samples,
-        "seconds": seconds,
-    }
+    return {"left": left, "samples": samples, "seconds": seconds}
+
+
+def measured(cmd: list[str]) -> dict[str, float]:
+    """Run ``cmd`` (this script's ``--one``) while sampling its process tree; its report
+    with the peaks (bytes) added."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    sampler = Sampler(proc.pid)
+    sampler.start()
+    out, _ = proc.communicate()
+    sampler.stop.set()
+    sampler.join()
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, out)
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    result.update(
+        total=sampler.peak_total, main=sampler.peak_main, workers=sampler.peak_workers, shm=sampler.peak_shm
+    )
+    return result
 
 
 def copies(base: Path, n: int) -> Path:
@@ -171,10 +186,13 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", default="500x375")
     p.add_argument("--data-dir", type=Path, default=Path.home() / ".cache" / "aioloader" / "bench")
+    p.add_argument(
+        "--with-thread", action="store_true", help="an idle thread of the script's before the loader"
+    )
     p.add_argument("--one", nargs=2, metavar=("LOADER", "FOLDER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], args.one[1], args.workers, args.batch_size)))
+        print(json.dumps(one(args.one[0], args.one[1], args.workers, args.batch_size, args.with_thread)))
         return 0
 
     from aioloader.synthetic import make_image_folder
@@ -193,8 +211,8 @@ def main() -> int:
         for name in LOADERS:
             cmd = [sys.executable, __file__, "--one", name, str(folder)]
             cmd += ["--workers", str(args.workers), "--batch-size", str(args.batch_size)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            results[(name, n)] = json.loads(out.strip().splitlines()[-1])
+            cmd += ["--with-thread"] if args.with_thread else []
+            results[(name, n)] = measured(cmd)
             print(f"# {name} {n}: done in {results[(name, n)]['seconds']:.1f} s", flush=True)
     mib = 2**20
     print(

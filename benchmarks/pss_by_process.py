@@ -56,7 +56,7 @@ def main() -> int:
     else:
         extra = {} if args.mode == "auto" else {"loader_process": args.mode == "on"}
         loader = Loader(files, batch_size=64, decode=random_crop, shuffle=True, **extra)
-    fields = ("Pss", "Private_Dirty", "Pss_Anon", "Pss_Shmem")
+    fields = ("Pss", "Private_Dirty", "Private_Clean", "Pss_Anon", "Pss_File", "Pss_Shmem")
     for epoch in range(2):
         for i, batch in enumerate(loader):
             if args.touch:

@@ -152,7 +152,15 @@ def after_fork(c: Census) -> None:
 
 def fork() -> int:
     """``os.fork()``, decided by :func:`how_to_start`, so without Python 3.12's general
-    warning about forking a multi-threaded process (see the module)."""
+    warning about forking a multi-threaded process (see the module). ``sys.stdout`` and
+    ``sys.stderr`` are flushed first, as multiprocessing's own fork does: what the trainer
+    had printed but not yet written would be copied into the child, and written again by
+    every helper that flushes it at its exit."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):  # None, closed, or a broken pipe
+            pass
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
         return os.fork()

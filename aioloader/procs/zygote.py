@@ -69,7 +69,7 @@ from multiprocessing import (
 from multiprocessing import context as mpcontext
 from typing import Any
 
-from aioloader.procs import cleanstart, forking, forksafe, roles
+from aioloader.procs import cleanstart, forking, forksafe, roles, tracker
 
 __all__ = ["Address", "address", "adopt", "context", "early", "pid", "started_by"]
 
@@ -91,7 +91,11 @@ class _Zygote(forkserver.ForkServer):
         # OpenBLAS's threads): see forksafe.census.
         threads = forksafe.census()
         how = forksafe.how_to_start(threads)
-        resource_tracker.ensure_running()  # before the zygote: workers share this one
+        # Before the zygote, which inherits its pipe: every helper shares this one.
+        if how == "fork":
+            tracker.fork_tracker()
+        else:
+            resource_tracker.ensure_running()
         with socket.socket(socket.AF_UNIX) as listener:
             address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
             listener.bind(address)
