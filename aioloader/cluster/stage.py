@@ -101,7 +101,9 @@ class RayDecodeStage:
         """Decode ``request``'s items (``(row, dataset index, bytes or URL)``) on the
         cluster. Raises only for the whole loader (:class:`LoaderError`) or on cancellation.
         It reads neither ``request.inputs`` (local files reach it as bytes) nor
-        ``request.shrink`` (``max_side`` is refused with Ray)."""
+        ``request.shrink`` (``max_side`` is refused with Ray). Its rows slab is taken at
+        once: the results are written into it here, on the loader's side."""
+        request = request.with_rows()
         epoch, k, slab, items, out = request.epoch, request.k, request.slab, request.items, request.out
         if self._slots is None:
             self._slots = OrderedSlots(self._session.bound)

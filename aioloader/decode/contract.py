@@ -11,6 +11,8 @@ numbers and flags the stage declares. Pure: no I/O, no loop.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -64,6 +66,20 @@ class DecodeRequest:
     #: The sample cache's part: the rows it keeps downscaled (None: none; only for a stage
     #: of this machine's CPU workers, the loader's arguments refuse ``max_side`` elsewhere).
     shrink: Shrink | None = None
+    #: Where :attr:`slab` is not given yet: takes the batch's rows slab and this chunk's
+    #: :attr:`out` share, called through :meth:`with_rows` once the chunk's decode slot is
+    #: granted. A batch waiting for the workers then holds no rows slab: in steady state one
+    #: fewer slab is resident (see :mod:`aioloader.engine.sizing`).
+    take_rows: Callable[[], tuple[Slab | None, tuple[int, int] | None]] | None = None
+
+    def with_rows(self) -> DecodeRequest:
+        """This request with its rows slab and output share taken (:attr:`take_rows`), to
+        call once the chunk is about to decode, at most once per chunk; itself when they
+        were given already."""
+        if self.take_rows is None:
+            return self
+        slab, out = self.take_rows()
+        return dataclasses.replace(self, slab=slab, out=out, take_rows=None)
 
 
 @runtime_checkable
@@ -103,7 +119,8 @@ class DecodeStageLike(Protocol):
 
     async def run(self, request: DecodeRequest) -> list[Outcome]:
         """Decode ``request``'s items of its batch into its slab's rows (or, with no layout,
-        its output area share; or pickled, without a slab). The rows in
+        its output area share; or pickled, without a slab), taken by
+        :meth:`DecodeRequest.with_rows` once the chunk's decode slot is granted. The rows in
         ``request.shrink``: their successes come back as
         :class:`~aioloader.memory.results.Shrunk`. One outcome per item, in order."""
         ...

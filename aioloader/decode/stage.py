@@ -19,7 +19,6 @@ that ends it. On the way it
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -27,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from aioloader.decode.chunk import Chunk
-from aioloader.decode.contract import DecodeRequest, Outcome
+from aioloader.decode.contract import ChunkItem, DecodeRequest, Outcome
 from aioloader.decode.faults import sort_out
 from aioloader.decode.pool import DecodePool
 from aioloader.decode.worker import NotLoaded, decode_chunk
@@ -112,54 +111,66 @@ class DecodeStage:
     async def run(self, request: DecodeRequest) -> list[Outcome]:
         """Decode ``request``'s items (``(row, dataset index, source)``) into its slab, on the
         workers (or, in hot start, here). Raises only for the whole loader
-        (:class:`~aioloader.WorkerCrashedError`) or on cancellation."""
-        epoch, k, slab, items = request.epoch, request.k, request.slab, request.items
-        out, inputs, shrink = request.out, request.inputs, request.shrink
-        chunk = Chunk(
-            slab.handle if slab else None,
-            slab.layout if slab else None,
-            items,
-            self._seed,
-            epoch,
-            out,
-            inputs.handle if inputs else None,
-            inputs.layout.input if inputs else 0,
-            self._forget(),
-            shrink,
-        )
+        (:class:`~aioloader.WorkerCrashedError`) or on cancellation. The rows slab is taken
+        (:meth:`~aioloader.decode.contract.DecodeRequest.with_rows`) once the chunk may
+        decode: in hot start at once, on the workers when its slot is granted."""
+        items = request.items
+        results = None
+        if self._hot and not self._pool.warm.is_set():
+            request = request.with_rows()
+            results = await self._here(self._task(request, items), request.slab, request.inputs)
         outcomes: dict[int, Outcome] = {}
         crashes: dict[int, int] = {}
-        results = await self._here(chunk, slab, inputs)
-        while results is None and chunk.items:
-            results, generation = await self._on_workers(k, chunk, slab)
+        left = items
+        while results is None and left:
+            results, generation, request = await self._on_workers(request, left)
             if results is not None:
                 break
             # The pool broke under the chunk: rebuilt, then each row judged by the worker
             # it was on (decode/faults.py); what is left is resubmitted, once per death.
-            broke = await self._pool.recover(generation, [self._path_of(i) for _, i, _ in chunk.items])
+            broke = await self._pool.recover(generation, [self._path_of(i) for _, i, _ in left])
             self._on_restart(self._pool.restarts)
-            pids = [slab.status.busy(row)[0] if slab is not None else 0 for row, _, _ in chunk.items]
-            judged = sort_out(chunk.items, pids, broke, crashes, timeout=self._timeout, path_of=self._path_of)
+            slab = request.slab
+            pids = [slab.status.busy(row)[0] if slab is not None else 0 for row, _, _ in left]
+            judged = sort_out(left, pids, broke, crashes, timeout=self._timeout, path_of=self._path_of)
             outcomes.update(judged.ended)
             crashes = judged.crashes
-            chunk = dataclasses.replace(chunk, items=judged.again)
-        for (row, index, _), res in zip(chunk.items, results or [], strict=True):
+            left = judged.again
+        for (row, index, _), res in zip(left, results or [], strict=True):
             outcomes[row] = decode_error(res, self._path_of(index), index) if isinstance(res, Failed) else res
         return [outcomes[row] for row, _, _ in items]
 
+    def _task(self, request: DecodeRequest, items: list[ChunkItem]) -> Chunk:
+        """The task that decodes ``items`` of ``request`` (its rows slab taken)."""
+        slab, inputs = request.slab, request.inputs
+        return Chunk(
+            slab.handle if slab else None,
+            slab.layout if slab else None,
+            items,
+            self._seed,
+            request.epoch,
+            request.out,
+            inputs.handle if inputs else None,
+            inputs.layout.input if inputs else 0,
+            self._forget(),
+            request.shrink,
+        )
+
     async def _on_workers(
-        self, k: int, chunk: Chunk, slab: Slab | None
-    ) -> tuple[list[RowResult | Shrunk] | None, int]:
-        """One try of ``chunk`` on the workers, once a slot is granted (in epoch order): its
-        results, or None where the pool broke under it; and the pool's generation it was
-        submitted to."""
-        async with self._open_slots().slot((k, chunk.items[0][0])):
+        self, request: DecodeRequest, items: list[ChunkItem]
+    ) -> tuple[list[RowResult | Shrunk] | None, int, DecodeRequest]:
+        """One try of ``items`` on the workers, once a slot is granted (in epoch order): its
+        results, or None where the pool broke under it; the pool's generation it was
+        submitted to; and ``request`` with its rows slab, taken at the grant."""
+        async with self._open_slots().slot((request.k, items[0][0])):
+            request = request.with_rows()
+            chunk = self._task(request, items)
             fut, generation = self._pool.submit(chunk)
             try:
                 with self._meter.timed(per=len(chunk.items)):
-                    return await self._watch(fut, slab, chunk), generation
+                    return await self._watch(fut, request.slab, chunk), generation, request
             except BrokenProcessPool:
-                return None, generation
+                return None, generation, request
             except NotLoaded as exc:  # this loader's decode does not unpickle there
                 raise self._pool.not_loaded(exc) from None
 

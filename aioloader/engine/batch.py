@@ -9,7 +9,7 @@ from aioloader.cache.samples import Fill
 from aioloader.memory.results import RowResult
 from aioloader.memory.slabs import Slab, SlabPool
 
-__all__ = ["BatchSlabs", "BatchWork", "Fills"]
+__all__ = ["BatchSlabs", "BatchWork", "Fills", "RowsTaker"]
 
 #: A batch's misses, by row: what keeps each once it succeeds (its key, or ``UNKEPT``: see
 #: :meth:`aioloader.cache.samples.SampleCache.serve`), and the length read.
@@ -21,8 +21,9 @@ class BatchSlabs:
 
     - :attr:`rows`: the rows slab its chunks decode into and it is assembled from. The
       epoch's first batch takes it at once (``take_rows``); a later batch when its first
-      chunk is about to decode, once the epoch's opening let it in, so that it gets the
-      layout the first batch taught (:meth:`rows_for_decode`).
+      chunk is granted its decode slot, past the epoch's opening, so that it gets the
+      layout the first batch taught and holds no slab while it waits for the workers
+      (:meth:`taker`, :meth:`rows_for_decode`).
     - :attr:`earlier`: rows slabs taken before the layout was learned, that a probe may
       still be decoding into (:meth:`relayout`); given back with the batch, newest first.
     - :attr:`inputs`: the input arena its files are read into, until its samples are
@@ -45,6 +46,12 @@ class BatchSlabs:
         if self.rows is None and self._rows_pool is not None:
             self.rows = self._rows_pool.acquire()
         return self.rows
+
+    def taker(self, samples: int, per_sample: int) -> RowsTaker:
+        """What a chunk of ``samples`` takes once its decode slot is granted: the rows slab
+        (:meth:`rows_for_decode`) and its share of the output area, ``per_sample`` bytes a
+        sample (0: none)."""
+        return RowsTaker(self, samples, per_sample)
 
     def relayout(self) -> None:
         """A probe taught the layout after :attr:`rows` was taken without one: the chunks
@@ -77,6 +84,25 @@ class BatchSlabs:
                 assert self._rows_pool is not None
                 self._rows_pool.release(slab)
         self.decoded()
+
+
+class RowsTaker:
+    """A chunk's :attr:`~aioloader.decode.contract.DecodeRequest.take_rows`: called by the
+    decode stage when the chunk's decode slot is granted, not when the chunk asks for it, so
+    that a batch whose reads are done but whose decodes wait behind the batch before it
+    holds no rows slab yet (in a decode-bound steady state, one slab fewer in the pool: the
+    next batch's is then taken after the trainer gave back the one it held). :attr:`slab`:
+    the slab it took (None until called)."""
+
+    def __init__(self, slabs: BatchSlabs, samples: int, per_sample: int) -> None:
+        self._slabs, self._samples, self._per_sample = slabs, samples, per_sample
+        self.slab: Slab | None = None
+
+    def __call__(self) -> tuple[Slab | None, tuple[int, int] | None]:
+        """``(rows slab, (offset, bytes) of the chunk's output area share or None)``."""
+        slab = self.slab = self._slabs.rows_for_decode()
+        size = self._samples * self._per_sample
+        return slab, (slab.out_share(size) if slab is not None and size else None)
 
 
 @dataclass

@@ -316,13 +316,14 @@ class Engine:
     ) -> None:
         """Decode ``items`` into the batch's rows slab; while the first batch still has the
         layout to learn, learn it from this chunk alone."""
-        slab = work.slabs.rows_for_decode()
-        per_sample = self._layout.out_bytes_per_sample()
-        share = slab.out_share(len(items) * per_sample) if slab is not None and per_sample else None
+        take = work.slabs.taker(len(items), self._layout.out_bytes_per_sample())  # at the slot's grant
         inputs = work.slabs.inputs
         shrink = shrink_for(self.cache, work.fills, items)
-        request = DecodeRequest(work.epoch, work.k, items, slab=slab, out=share, inputs=inputs, shrink=shrink)
+        request = DecodeRequest(work.epoch, work.k, items, inputs=inputs, shrink=shrink, take_rows=take)
         answered = await stage.run(request)
+        # The slab this chunk decoded into; taken now where the stage took none (every
+        # sample went to the device), as the batch is assembled from one all the same.
+        slab = take.slab if take.slab is not None else work.slabs.rows_for_decode()
         arena = inputs.input if inputs is not None else None
         outcomes = keep_decoded(self.cache, work.fills, items, answered, arena)
         for (r, _, _), outcome in zip(items, outcomes, strict=True):
