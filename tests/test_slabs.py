@@ -41,7 +41,7 @@ from aioloader.memory.layout import SampleLayout
 from aioloader.memory.lifecycle import MOVES, SlabMoveError, SlabState
 from aioloader.memory.results import Failed
 from aioloader.memory.segments import ENV, SegmentGone, attach
-from aioloader.memory.slabs import SlabPool, shm_available
+from aioloader.memory.slabs import IDLE_TAKES, SlabPool, shm_available
 from aioloader.observe.stats import Counters
 from aioloader.plan.sampler import plan_epoch
 from aioloader.run import wire
@@ -256,6 +256,76 @@ def test_pool_unit_bounded_reuse() -> None:
     del a, b, c, d, e, f, g  # their mappings (before Python 3.13, a descriptor each) go with them
     gc.collect()
     assert shm_segments() == set() and not slab_mappings()
+
+
+def _allocated(slab: object) -> int:
+    """Bytes of ``slab``'s segment the system holds now (its memfd's allocated blocks)."""
+    fd = slab._segment._fd  # type: ignore[attr-defined]
+    return os.fstat(fd).st_blocks * 512
+
+
+def test_a_slab_left_idle_gives_its_pages_back_and_is_whole_again_when_taken() -> None:
+    """``give_back``: the free list is last in, first out, so with two slabs cycling the third
+    stays at its bottom; passed over by ``IDLE_TAKES`` takes, its pages go back to the system
+    (the segment stays), and when a busy moment takes it again it is written and read as
+    any other. A slab the trainer holds (``OUT``) is never touched, however long it is held."""
+    pool = SlabPool(8, pooled=4, sample=SampleLayout.declared((4096,), np.uint8), give_back=True)
+    if pool.kind != "memfd":
+        pytest.skip("pages are given back for memfd slabs only")
+    try:
+        held_slab, idle, a, b = (pool.acquire() for _ in range(4))
+        for slab in (held_slab, idle, a, b):
+            slab.mmap[:] = b"\x07" * len(slab.mmap)  # every page resident
+        with pytest.raises(SlabMoveError, match="given back while taken"):
+            a.give_back()  # only a free slab's pages go
+        held = held_slab.owner(pool.release)  # the trainer keeps this batch throughout
+        pool.release(idle)
+        assert _allocated(idle) >= len(idle.mmap)
+        pool.release(a)
+        pool.release(b)
+        for _ in range(IDLE_TAKES + 1):  # two slabs cycle; ``idle`` stays at the bottom
+            x = pool.acquire()
+            assert x is not idle
+            x.mmap[: 4096 * 8] = b"\x01" * (4096 * 8)
+            pool.release(x)
+        assert not idle.resident and _allocated(idle) == 0
+        assert bytes(idle.mmap[:16]) == bytes(16)  # reads as zeros, the segment still there
+        assert pool.live == 4 and not idle.closed
+        assert held_slab.resident and bool((held == 7).all())  # out: never given back
+        taken = [pool.acquire() for _ in range(3)]  # a busy moment: the idle one again
+        assert idle in taken and idle.resident
+        idle.mmap[:] = b"\x09" * len(idle.mmap)
+        assert _allocated(idle) >= len(idle.mmap) and bytes(idle.mmap[-4:]) == b"\x09" * 4
+        for slab in taken:
+            pool.release(slab)
+    finally:
+        pool.close()
+    del held, held_slab, idle, a, b, x, taken, slab
+    gc.collect()
+    assert shm_segments() == set() and not slab_mappings()
+
+
+@pytest.mark.parametrize("why", ["no give_back", "devshm"])
+def test_no_pages_given_back_where_they_must_stay(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``give_back`` (a loader with a CUDA device: its slabs may be page-locked, and a
+    page-locked slab's pages must stay the ones the device copies from), and for ``/dev/shm``
+    slabs (their pages were reserved: a check against ``/dev/shm`` filling up), an idle slab
+    keeps its pages."""
+    if why == "devshm":
+        monkeypatch.setenv(ENV, "devshm")
+    pool = SlabPool(8, pooled=3, sample=SampleLayout.declared((4096,), np.uint8), give_back=why == "devshm")
+    try:
+        idle, a = pool.acquire(), pool.acquire()
+        idle.mmap[:] = b"\x07" * len(idle.mmap)
+        pool.release(idle)
+        pool.release(a)
+        for _ in range(2 * IDLE_TAKES):
+            pool.release(pool.acquire())
+        assert idle.resident and bytes(idle.mmap[-4:]) == b"\x07" * 4
+    finally:
+        pool.close()
+    del idle, a
+    gc.collect()
 
 
 def test_memfd_exhaustion_is_a_clear_error_and_leaves_no_descriptor(

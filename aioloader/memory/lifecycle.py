@@ -24,7 +24,11 @@ move (a bug of ours, raised where it happens rather than found as a changed batc
   it any more. It comes back when the last view is garbage, from whichever thread drops it
   (a ``weakref.finalize`` on the owner array), or when its device copy has completed.
 - **FREE** (end: :meth:`SlabPool.release <aioloader.memory.slabs.SlabPool.release>`). In
-  the pool's free list, to be taken again as it is, or closed if it no longer fits.
+  the pool's free list, to be taken again as it is, or closed if it no longer fits. One
+  left there while :data:`~aioloader.memory.slabs.IDLE_TAKES` others were taken may give
+  its pages back (:meth:`Slab.give_back <aioloader.memory.slabs.Slab.give_back>`: it
+  stays FREE, reads as zeros, and is whole again once written); only a FREE slab may, and
+  only on a take (the loop's), so never one a held batch views or a closing loader let go.
 - **CLOSED** (abort, or the end of a one-shot slab). Unreachable for other processes: its
   memfd descriptor closed, its ``/dev/shm`` name unlinked. A slab that something may still
   write into (``tainted``: a read that timed out, a worker still decoding an abandoned

@@ -22,7 +22,13 @@ recycle buffers). A slab returns to it only when nobody can see it: :meth:`Slab.
 the array every view handed out derives from, and the slab is released when it is garbage,
 so a trainer that keeps batches never sees them change. The free list is bounded
 (``pooled``); slabs made beyond it while batches are held are one-shot and closed on
-release.
+release. The free list is last in, first out, so a slab that a busy moment made (an
+epoch's start, a trainer holding one batch more) sinks to its bottom once the pipeline
+needs fewer: a pool made with ``give_back`` returns the pages of a free slab passed over by
+:data:`IDLE_TAKES` takes in a row to the system (``MADV_REMOVE``), keeping the segment. Only
+memfd slabs (a ``/dev/shm`` one had its pages reserved, a check against ``/dev/shm`` filling
+up), and only where no process page-locked them (no CUDA device: a page-locked slab's pages
+must stay the ones the device copies from).
 
 Closing a slab makes it unreachable for other processes (its memfd descriptor closed, its
 ``/dev/shm`` name unlinked); memory that a held tensor still maps stays valid until that
@@ -52,15 +58,18 @@ import numpy as np
 
 from aioloader.errors import LoaderError
 from aioloader.memory.layout import SampleLayout, SlabLayout, plan_slab
-from aioloader.memory.lifecycle import SlabState, check_move
+from aioloader.memory.lifecycle import SlabMoveError, SlabState, check_move
 from aioloader.memory.results import StatusTable
 from aioloader.memory.segments import SHM_DIR, Segment, SegmentHandle, choose_kind
 
-__all__ = ["SHM_DIR", "Arena", "Slab", "SlabPool", "shm_available"]
+__all__ = ["IDLE_TAKES", "SHM_DIR", "Arena", "Slab", "SlabPool", "shm_available"]
 
 PREFIX = "aioloader-"
 #: How long the name of a closed slab is sent to the workers (``Chunk.forget``), seconds.
 FORGET_SECONDS = 5.0
+#: A free slab passed over by this many takes in a row gives its pages back (``give_back``):
+#: about a second of batches; a slab the pipeline cycles through is taken long before.
+IDLE_TAKES = 8
 _ids = itertools.count()
 
 
@@ -118,6 +127,9 @@ class Slab:
         #: Where the slab is in its lifecycle (:mod:`aioloader.memory.lifecycle`): made for a
         #: batch that acquired it, so taken.
         self.state = SlabState.TAKEN
+        #: The pool's take count when it was last freed; whether its pages may be resident.
+        self.freed_at = 0
+        self.resident = True
         self.name = f"{PREFIX}{os.getpid()}-{next(_ids)}-{secrets.token_hex(4)}"
         self._segment = Segment(self.name, layout.size, kind)
         self._mmap = self._segment.mmap
@@ -162,6 +174,14 @@ class Slab:
         weakref.finalize(owner, release, self)
         return owner
 
+    def give_back(self) -> None:
+        """Return the segment's pages to the system; it reads as zeros until written again.
+        Only for a FREE slab: nothing may view its contents."""
+        if self.state is not SlabState.FREE:
+            raise SlabMoveError(f"slab {self.name}: pages given back while {self.state.value}")
+        self._mmap.madvise(mmap.MADV_REMOVE)
+        self.resident = False
+
     def close(self) -> None:
         """Unreachable for other processes from now on (the memory lives on while something
         maps it); idempotent."""
@@ -179,16 +199,25 @@ class SlabPool:
     much smaller than its arena was made for) is closed and replaced. ``kind``: where the
     segments live (``"memfd"`` or ``"devshm"``);
     by default as ``AIOLOADER_SLABS`` says, read now (see :mod:`aioloader.memory.segments`).
+    ``give_back``: free memfd slabs left idle give their pages back (see the module; never
+    for slabs a process may page-lock).
     """
 
     def __init__(
-        self, rows: int, pooled: int, sample: SampleLayout | None = None, kind: str | None = None
+        self,
+        rows: int,
+        pooled: int,
+        sample: SampleLayout | None = None,
+        kind: str | None = None,
+        give_back: bool = False,
     ) -> None:
         if kind is None:
             kind = choose_kind()
             if kind is None:
                 raise LoaderError(f"no shared memory for batch slabs here (memfd, {SHM_DIR})")
         self.kind = kind
+        self.give_back = give_back and kind == "memfd"
+        self._takes = 0
         self.rows = rows
         self.pooled = pooled
         self._sample = sample
@@ -238,11 +267,14 @@ class SlabPool:
         with self._lock:
             if self._closed:
                 raise LoaderError("the slab pool is closed")
+            self._takes += 1
             while self._free:
                 slab = self._free.pop()
                 if self._fits(slab.layout):
                     slab.advance(SlabState.TAKEN)
+                    slab.resident = True
                     slab.reset()
+                    self._give_back_idle()
                     return slab
                 self._forget(slab)
             pooled = self._pooled_count < self.pooled
@@ -272,9 +304,23 @@ class SlabPool:
             keep = self._pooled_count <= self.pooled  # the bound may have come down meanwhile
             if slab.pooled and not slab.tainted and not self._closed and keep:
                 slab.advance(SlabState.FREE)
+                slab.freed_at = self._takes
                 self._free.append(slab)
             else:
                 self._forget(slab)
+
+    def _give_back_idle(self) -> None:
+        """Give back the pages of the free slabs passed over by :data:`IDLE_TAKES` takes
+        (under the lock: a take never races it; once each, until taken again)."""
+        if not self.give_back:
+            return
+        for slab in self._free:
+            if slab.resident and self._takes - slab.freed_at >= IDLE_TAKES:
+                try:
+                    slab.give_back()
+                except (OSError, ValueError):  # not possible here: keep the pages, ask no more
+                    self.give_back = False
+                    return
 
     def set_pooled(self, pooled: int) -> None:
         """Keep ``pooled`` slabs for reuse from now on (the pipeline holds more batches or

@@ -186,8 +186,10 @@ def _decoders(config: LoaderConfig, counters: Counters) -> tuple[_Decoders, IoLi
     else:
         # Sized for the reads in flight now; the tuner moves it with them.
         pooled = pooled_slabs(io.start, batch_size, config.delivery.prefetch)
-        made.slabs = SlabPool(batch_size, pooled, declared_layout(decode), kind)
-        made.inputs = SlabPool(batch_size, pooled_arenas(io.start, batch_size), None, kind)
+        # No pages given back where the trainer may page-lock the slabs for a device copy.
+        give_back = config.delivery.target.type == "cpu"
+        made.slabs = SlabPool(batch_size, pooled, declared_layout(decode), kind, give_back)
+        made.inputs = SlabPool(batch_size, pooled_arenas(io.start, batch_size), None, kind, give_back)
     return made, io
 
 
