@@ -1,6 +1,7 @@
 """Where the memory of the whole process tree is, process by process: PSS, private dirty
-pages, anonymous and shared-memory PSS (``/proc/<pid>/smaps_rollup``) of the trainer,
-aioloader's zygote, loader process and workers (or DataLoader's workers), read at batch 15
+and clean pages, anonymous, file-backed and shared-memory PSS (``/proc/<pid>/smaps_rollup``)
+of the trainer, aioloader's zygote, resource tracker, loader process and workers (or
+DataLoader's workers), read at batch 15
 of the second epoch of a plain user decode (``userfns.random_crop``), batch 64. The trainer
 reads every batch (one byte a page, :func:`userfns.touch`), as a training step would;
 ``--no-touch`` leaves them unread. Then the whole tree with shared memory counted once and
