@@ -1,13 +1,13 @@
 """Where the memory of the whole process tree is, process by process: PSS, private dirty
 and clean pages, anonymous, file-backed and shared-memory PSS (``/proc/<pid>/smaps_rollup``)
 of the trainer, aioloader's zygote, resource tracker, loader process and workers (or
-DataLoader's workers), read at batch 15
-of the second epoch of a plain user decode (``userfns.random_crop``), batch 64. The trainer
-reads every batch (one byte a page, :func:`userfns.touch`), as a training step would;
-``--no-touch`` leaves them unread. Then the whole tree with shared memory counted once and
+DataLoader's workers), read at batch 15 of the last epoch (``--epochs``, default 2) of a
+plain user decode (``userfns.random_crop``), batch 64. The trainer reads every batch (one
+byte a page, :func:`userfns.touch`), as a training step would; ``--no-touch`` leaves them
+unread. Then the whole tree with shared memory counted once and
 whole (:func:`userfns.tree_memory`), which also counts the batches no page table maps yet.
 
-    python benchmarks/pss_by_process.py [auto|off|on|dataloader] [--images 2000] [--no-touch]
+    python benchmarks/pss_by_process.py [auto|off|on|dataloader] [--epochs 2] [--images 2000] [--no-touch]
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", choices=["auto", "off", "on", "dataloader"])
     p.add_argument("--no-touch", dest="touch", action="store_false", help="leave the batches unread")
+    p.add_argument("--epochs", type=int, default=2, help="read at batch 15 of the last (default 2)")
     add_folder_args(p)
     args = p.parse_args()
     files = FileDataset.from_folder(image_folder(args))
@@ -58,12 +59,12 @@ def main() -> int:
         extra = {} if args.mode == "auto" else {"loader_process": args.mode == "on"}
         loader = Loader(files, batch_size=64, decode=random_crop, shuffle=True, **extra)
     fields = ("Pss", "Private_Dirty", "Private_Clean", "Pss_Anon", "Pss_File", "Pss_Shmem")
-    for epoch in range(2):
+    for epoch in range(args.epochs):
         for i, batch in enumerate(loader):
             if args.touch:
                 touch(batch)
-            if epoch == 1 and i == 15:
-                print(f"## {args.mode}: MiB at batch 15 of epoch 2\n")
+            if epoch == args.epochs - 1 and i == 15:
+                print(f"## {args.mode}: MiB at batch 15 of epoch {args.epochs}\n")
                 print("| process | pid | " + " | ".join(fields) + " |")
                 print("|---|---:|" + "---:|" * len(fields))
                 total = 0
