@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +365,31 @@ def test_cuda_batches_match_the_cpu_paths(mixed: Path, loader_process: bool) -> 
         assert diff.mean() < 3.0, float(diff.mean())
     dd = stats.device_decode
     assert dd is not None and dd.gpu > 0 and dd.gpu + dd.cpu == 52
+
+
+@RUNTIMES
+def test_a_tar_member_the_bridge_cannot_decode_is_named(tmp_path: Path, loader_process: bool) -> None:
+    """In a tar shard, a JPEG that only the bridge finds undecodable: the DecodeError names
+    the shard and the member, in either runtime (the loader process's bridge judges it with a
+    failure policy of its own, which must know the members too)."""
+    rng = np.random.default_rng(3)
+    shard = tmp_path / "train-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for k in range(12):
+            data = encode(make_image(rng, 48, 36))
+            if k == 5:
+                data = data[:400] + b"\xff\xd9"  # passes the screening, decodes nowhere
+            info = tarfile.TarInfo(f"s_{k:03d}.jpg")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    ds = FileDataset.from_tars([str(shard)], label=None)
+    kw: dict[str, Any] = {
+        "batch_size": 4,
+        "num_workers": 1,
+        "shuffle": False,
+        "loader_process": loader_process,
+    }
+    with Loader(ds, decode=decoder("cpu"), **kw) as loader, pytest.raises(DecodeError) as caught:
+        list(loader)
+    assert caught.value.member == "s_005.jpg" and caught.value.path == str(shard)
+    assert "member 's_005.jpg'" in str(caught.value)

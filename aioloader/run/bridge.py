@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -184,16 +185,21 @@ class Bridge:
 
 
 def device_decode_for(
-    config: LoaderConfig, device: torch.device, counters: Counters, policy: FailurePolicy | None = None
+    config: LoaderConfig,
+    device: torch.device,
+    counters: Counters,
+    policy: FailurePolicy | None = None,
+    member: Callable[[int], str | None] | None = None,
 ) -> DeviceDecode | None:
     """The bridge's device decode for a loader of ``config`` delivering on ``device`` (settled),
     if its decoder asks for one;
     ``policy``: the loader's failure policy where it runs in this process (its engine's), or
-    None for one of its own on the same ``counters`` (a loader process has the engine's)."""
+    None for one of its own on the same ``counters`` (a loader process has the engine's),
+    naming the tar member of a failed sample by ``member`` (``FileDataset.member``)."""
     decoder = config.decoding.decode
     if not decodes_on_device(decoder):
         return None
     counters.device = DeviceDecodeStats()
     if policy is None:
-        policy = FailurePolicy(config.failures.on_error, config.failures.max_failures, counters)
+        policy = FailurePolicy(config.failures.on_error, config.failures.max_failures, counters, member)
     return DeviceDecode(decoder, device, counters, policy)

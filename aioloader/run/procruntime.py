@@ -272,7 +272,9 @@ class ProcessRuntime(runtime.RuntimeBase):
             self._wait_ready()
             self.copier = DeviceCopier(device, bool(config.delivery.pin_memory))
             self.bridge = Bridge(
-                self.copier, counters.meters["transfer"], device_decode_for(config, device, counters)
+                self.copier,
+                counters.meters["transfer"],
+                device_decode_for(config, device, counters, member=dataset.member),
             )
             # The slabs' mappings are made on the bridge thread, and page-locked there once.
             self.channel.maps.pins = self.copier.pins
