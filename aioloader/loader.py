@@ -86,7 +86,8 @@ class Loader:
             batches (each holds the samples the sampler gave it), in completion order.
         device: None or ``"cpu"``; ``"cuda:N"`` delivers batches on that GPU, ``"cuda"`` on this rank's,
             settled when the loader starts: the current device if one was set, else ``LOCAL_RANK``'s
-            (``srun``: ``SLURM_LOCALID``'s), so under ``torchrun`` each rank delivers to its own GPU.
+            (``mpirun``: ``OMPI_COMM_WORLD_LOCAL_RANK``'s or ``MPI_LOCALRANKID``'s; ``srun``:
+            ``SLURM_LOCALID``'s), so under ``torchrun`` each rank delivers to its own GPU.
         pin_memory: copy to the GPU from page-locked memory, asynchronously (default: True with CUDA;
             ignored without it): straight from the loader process's slabs, page-locked in place
             (``cudaHostRegister``, once per slab), else through pinned staging buffers (a loader in the

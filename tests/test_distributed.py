@@ -25,7 +25,13 @@ def torchrun(tmp_path: Path, phase: str, paths_file: Path, script: str = "ddp_sc
     env = script_env()
     if phase != "cuda":
         env.pop("CUDA_VISIBLE_DEVICES", None)
-    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID"):
+    launchers = (
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
+    )
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_LOCALID", *launchers):
         env.pop(name, None)  # the launcher's own, not this process's
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -69,13 +69,25 @@ def test_cpus_a_quota_and_a_single_cpu() -> None:
 
 
 def test_ranks_on_a_node_share_its_cpus() -> None:
+    """The doctor says what a loader makes of the launcher's variables: each rank's part of
+    the CPUs, taken by itself (no advice to set num_workers by hand); a warning only where
+    this rank cannot tell which of the node's it is."""
     torchrun = _found(
         Facts(usable_cpus=64, ranks_env={"LOCAL_WORLD_SIZE": "8", "LOCAL_RANK": "3"}), "ranks on this node"
     )
-    assert torchrun.value == "LOCAL_WORLD_SIZE=8, LOCAL_RANK=3" and torchrun.warn
-    assert "num_workers=8 (usable_cpus() // 8)" in torchrun.advice
-    slurm = _found(Facts(usable_cpus=6, ranks_env={"SLURM_NTASKS_PER_NODE": "4"}), "ranks on this node")
-    assert "num_workers=1 (usable_cpus() // 4)" in slurm.advice
+    assert torchrun.value == "LOCAL_WORLD_SIZE=8, LOCAL_RANK=3" and not torchrun.warn
+    assert "8 ranks (torchrun): each rank's loader takes 8 of the 64 usable CPUs by itself" in torchrun.advice
+    ompi = {"OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    found = _found(Facts(usable_cpus=6, ranks_env=ompi), "ranks on this node")
+    assert "4 ranks (mpirun): each rank's loader takes 1 of the 6 usable CPUs" in found.advice
+    srun = {"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_LOCALID": "1", "SLURM_CPUS_PER_TASK": "5"}
+    found = _found(Facts(usable_cpus=16, ranks_env=srun), "ranks on this node")
+    assert "2 ranks (srun): each rank's loader takes 5 of the 16" in found.advice
+    unknown = _found(Facts(usable_cpus=64, ranks_env={"LOCAL_WORLD_SIZE": "8"}), "ranks on this node")
+    assert unknown.warn and "LOCAL_WORLD_SIZE=8 ranks, but not which one this is" in unknown.advice
+    # a batch script's variables (no step): one process, as a loader sees it
+    script = _found(Facts(usable_cpus=6, ranks_env={"SLURM_NTASKS_PER_NODE": "4"}), "ranks on this node")
+    assert script == Finding("ranks on this node", "SLURM_NTASKS_PER_NODE=4")
     alone = _found(Facts(usable_cpus=6), "ranks on this node")
     assert alone == Finding("ranks on this node", "none set")
 

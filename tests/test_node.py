@@ -42,6 +42,24 @@ def test_no_launcher_is_one_process_alone_on_its_node() -> None:
     )
 
 
+def test_mpirun_says_the_local_rank_and_the_ranks_on_the_node() -> None:
+    """Open MPI's variables, else MPICH's and Intel MPI's; before Slurm's (an ``mpirun`` in an
+    allocation may carry its daemon's ``SLURM_LOCALID``), after torchrun's."""
+    ompi = {"OMPI_COMM_WORLD_LOCAL_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_RANK": "6"}
+    assert node_ranks(ompi) == NodeRanks(4, 2, "mpirun", None, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    hydra = {"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "8", "PMI_RANK": "9"}
+    assert node_ranks(hydra) == NodeRanks(8, 1, "mpirun", None, "MPI_LOCALNRANKS")
+    assert node_ranks({**SRUN, **ompi}).launcher == "mpirun"
+    assert node_ranks({**ompi, **TORCHRUN}).launcher == "torchrun"
+    assert node_ranks({"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}).local_rank is None
+    unknown = node_ranks({"MPI_LOCALNRANKS": "2"})
+    device, warning = rank_gpu(unknown, gpus=2, current=0, restricted=False)
+    assert device == 0 and warning is not None
+    assert "MPI_LOCALNRANKS=2 ranks on this node, but no MPI_LOCALRANKID" in warning
+    assert rank_gpu(node_ranks(ompi), gpus=4, current=0, restricted=False) == (2, None)
+    assert cpus_per_rank(16, node_ranks(ompi)) == 4
+
+
 def test_srun_tasks_on_this_node_from_the_steps_layout() -> None:
     assert tasks_on_node("4(x2),3", 0) == tasks_on_node("4(x2),3", 1) == 4
     assert tasks_on_node("4(x2),3", 2) == 3
@@ -115,12 +133,24 @@ def test_ranks_on_a_node_without_a_local_rank_cannot_be_told_apart() -> None:
     assert rank_gpu(node_ranks({"LOCAL_WORLD_SIZE": "1"}), 2, 0, False) == (0, None)
 
 
-def test_the_loaders_defaults_divide_the_node(monkeypatch: pytest.MonkeyPatch, numbered: list[str]) -> None:
-    """A loader made on a node of two ranks: the default ``num_workers`` and ``"auto"``'s
-    processes are half the usable CPUs (at least 1), ``stats`` says so; a number given is kept."""
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+        {"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
+    ],
+    ids=["torchrun", "openmpi", "hydra"],
+)
+def test_the_loaders_defaults_divide_the_node(
+    monkeypatch: pytest.MonkeyPatch, numbered: list[str], launcher: dict[str, str]
+) -> None:
+    """A loader made on a node of two ranks (as torchrun, Open MPI's or MPICH's mpirun say):
+    the default ``num_workers`` and ``"auto"``'s processes are half the usable CPUs (at least
+    1), ``stats`` says so; a number given is kept."""
     usable = usable_cpus()
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for name, value in launcher.items():
+        monkeypatch.setenv(name, value)
     for workers in (None, "auto"):
         config = LoaderConfig.create({"batch_size": 4, "decode": None, "num_workers": workers})
         assert config.build.workers == config.build.cpus_per_rank == max(1, usable // 2)
@@ -129,8 +159,8 @@ def test_the_loaders_defaults_divide_the_node(monkeypatch: pytest.MonkeyPatch, n
     assert loader.config.build.workers == 3
     stats = loader.stats
     assert (stats.ranks_on_node, stats.cpus_per_rank) == (2, max(1, usable // 2))
-    monkeypatch.delenv("LOCAL_RANK")
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    for name in launcher:
+        monkeypatch.delenv(name)
     stats = aioloader.Loader(numbered, batch_size=4, decode=None).stats
     assert (stats.ranks_on_node, stats.cpus_per_rank) == (1, usable)
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from aioloader.plan.node import cpus_per_rank, node_ranks
+
 __all__ = ["Facts", "Finding", "findings", "gib", "render"]
 
 GIB = 1 << 30
@@ -195,18 +197,25 @@ def memory_findings(f: Facts) -> list[Finding]:
 
 
 def rank_findings(f: Facts) -> list[Finding]:
-    names = ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS_PER_NODE")
-    shown = ", ".join(f"{n}={f.ranks_env[n]}" for n in names if n in f.ranks_env) or "none set"
-    per_node = f.ranks_env.get("LOCAL_WORLD_SIZE") or f.ranks_env.get("SLURM_NTASKS_PER_NODE") or "1"
-    ranks = int(per_node) if per_node.isdigit() else 1
-    if ranks <= 1:
+    """What a loader makes of the launcher's variables (:func:`aioloader.plan.node.node_ranks`):
+    each rank's part of the CPUs, which it takes by itself; a warning only where the ranks of
+    the node cannot be told apart."""
+    shown = ", ".join(f"{n}={v}" for n, v in f.ranks_env.items()) or "none set"
+    node = node_ranks(f.ranks_env)
+    if node.ranks <= 1:
         return [Finding("ranks on this node", shown)]
-    share = max(1, f.usable_cpus // ranks)
+    share = cpus_per_rank(f.usable_cpus, node)
+    if node.local_rank is None:
+        advice = (
+            f"{node.source}={node.ranks} ranks, but not which one this is: device='cuda' would be "
+            "cuda:0 for every rank; pass device='cuda:N' or call torch.cuda.set_device(...)"
+        )
+        return [Finding("ranks on this node", shown, advice, warn=True)]
     advice = (
-        f"each rank's loader starts usable_cpus()={f.usable_cpus} workers by default: "
-        f"pass num_workers={share} (usable_cpus() // {ranks})"
+        f"{node.ranks} ranks ({node.launcher}): each rank's loader takes {share} of the "
+        f"{f.usable_cpus} usable CPUs by itself (num_workers=None), and device='cuda' is its own GPU"
     )
-    return [Finding("ranks on this node", shown, advice, warn=True)]
+    return [Finding("ranks on this node", shown, advice)]
 
 
 def findings(f: Facts) -> list[tuple[str, list[Finding]]]:

@@ -24,10 +24,11 @@ from aioloader.cli.envadvice import Facts
 from aioloader.config import usable_cpus
 from aioloader.errors import LoaderError
 from aioloader.memory.segments import SHM_DIR, choose_kind
+from aioloader.plan.node import VARIABLES
 
 __all__ = ["RANK_VARIABLES", "probe"]
 
-RANK_VARIABLES = ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS_PER_NODE")
+RANK_VARIABLES = VARIABLES  # the launchers' variables the loader reads (plan/node.py)
 
 
 def _torch() -> tuple[str | None, str | None, tuple[str, ...]]:

@@ -51,7 +51,8 @@ class LoaderStats:
     #: ``decode_on="ray"``, Ray tasks decoding at once.
     num_workers: int = 0
     #: The processes on this node that share its CPUs: ``LOCAL_WORLD_SIZE`` under ``torchrun``,
-    #: the step's tasks on the node under ``srun``; 1 without a launcher.
+    #: the local size MPI's ``mpirun`` sets, the step's tasks on the node under ``srun``; 1
+    #: without a launcher.
     ranks_on_node: int = 1
     #: This rank's part of the node's usable CPUs (affinity and cgroup quota,
     #: :func:`~aioloader.config.usable_cpus`): divided by ``ranks_on_node``, rounded down, at

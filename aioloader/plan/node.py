@@ -8,6 +8,10 @@ Launchers, the first that applies:
 - ``torchrun`` (and launchers that set its variables): ``LOCAL_RANK``, this process's index
   on its node, and ``LOCAL_WORLD_SIZE``, the processes on the node (``srun torchrun ...``
   comes here too: the ranks are torchrun's);
+- MPI's ``mpirun``/``mpiexec``, each process a rank: Open MPI's
+  ``OMPI_COMM_WORLD_LOCAL_RANK`` and ``OMPI_COMM_WORLD_LOCAL_SIZE``, else MPICH's and Intel
+  MPI's (Hydra) ``MPI_LOCALRANKID`` and ``MPI_LOCALNRANKS`` (before Slurm's: ``mpirun``
+  inside an allocation may see the ``SLURM_LOCALID`` of the daemon that started it);
 - Slurm's ``srun``, each task a rank (only a step's tasks have ``SLURM_STEP_TASKS_PER_NODE``;
   a batch script has not): ``SLURM_LOCALID``, the processes on this node from
   ``SLURM_STEP_TASKS_PER_NODE`` (``"4(x2),3"``: this node's entry, by ``SLURM_NODEID``) or
@@ -23,7 +27,28 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["NodeRanks", "cpus_per_rank", "node_ranks", "rank_gpu", "tasks_on_node"]
+__all__ = ["VARIABLES", "NodeRanks", "cpus_per_rank", "node_ranks", "rank_gpu", "tasks_on_node"]
+
+#: MPI launchers' ``(ranks on the node, local rank)`` variables, in the order they are looked for.
+_MPI = (("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"), ("MPI_LOCALNRANKS", "MPI_LOCALRANKID"))
+#: The local-rank variable that goes with the variable the ranks came from (for messages).
+_LOCAL_RANK_OF = {
+    "LOCAL_WORLD_SIZE": "LOCAL_RANK",
+    "SLURM_STEP_TASKS_PER_NODE": "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE": "SLURM_LOCALID",
+    **{size: rank for size, rank in _MPI},
+}
+#: Every variable :func:`node_ranks` reads, launcher by launcher (``aioloader doctor`` shows them).
+VARIABLES = (
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_RANK",
+    *(name for pair in _MPI for name in pair),
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NODEID",
+    "SLURM_LOCALID",
+    "SLURM_CPUS_PER_TASK",
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +56,7 @@ class NodeRanks:
     """This process among the processes of its node.
 
     ``ranks``: the processes on the node (1 when no launcher says); ``local_rank``: this one's
-    index among them (None when unknown); ``launcher``: ``"torchrun"``, ``"srun"`` or None;
+    index among them (None when unknown); ``launcher``: ``"torchrun"``, ``"mpirun"``, ``"srun"`` or None;
     ``cpus_per_task``: the CPUs Slurm gave each task (``SLURM_CPUS_PER_TASK``), else None;
     ``source``: the variable ``ranks`` came from, for messages."""
 
@@ -65,6 +90,9 @@ def node_ranks(env: Mapping[str, str]) -> NodeRanks:
     if "LOCAL_RANK" in env or "LOCAL_WORLD_SIZE" in env:
         ranks = _whole(env, "LOCAL_WORLD_SIZE")
         return NodeRanks(max(1, ranks or 1), _whole(env, "LOCAL_RANK"), "torchrun", None, "LOCAL_WORLD_SIZE")
+    for size, rank in _MPI:
+        if size in env or rank in env:
+            return NodeRanks(max(1, _whole(env, size) or 1), _whole(env, rank), "mpirun", None, size)
     if "SLURM_STEP_TASKS_PER_NODE" in env and "SLURM_LOCALID" in env:  # a task srun started
         step = env["SLURM_STEP_TASKS_PER_NODE"]
         ranks = tasks_on_node(step, _whole(env, "SLURM_NODEID") or 0)
@@ -105,7 +133,7 @@ def rank_gpu(node: NodeRanks, gpus: int, current: int, restricted: bool) -> tupl
     if node.local_rank is None:
         if node.ranks <= 1:
             return 0, None
-        local = "LOCAL_RANK" if node.launcher == "torchrun" else "SLURM_LOCALID"
+        local = _LOCAL_RANK_OF.get(node.source, "LOCAL_RANK")
         return 0, (
             f"device='cuda': {node.source}={node.ranks} ranks on this node, but no {local}: which GPU "
             f"is this rank's cannot be told, and every rank would deliver to cuda:0; {ways}"
