@@ -96,6 +96,37 @@ def test_a_script_that_imports_torch_decodes_in_workers_of_the_zygote_and_leaves
     assert session_survivors(proc.pid) == []
 
 
+PRELOADED = """
+import sys
+import numpy as np
+import torch
+import aioloader
+
+HELPERS = ("numpy.random", "PIL.JpegImagePlugin")  # what a worker needs, the trainer lacked
+
+def decode(data):  # 1 where the worker holds the modules without having imported them
+    return np.full((2, 2), all(m in sys.modules for m in HELPERS), dtype=np.uint8)
+
+if __name__ == "__main__":
+    print("before", *[m in sys.modules for m in HELPERS], flush=True)
+    with aioloader.Loader({paths!r}, batch_size=4, decode=decode, num_workers=2) as loader:
+        print("workers", *sorted({{int(v) for b in loader for v in b[:, 0, 0]}}), flush=True)
+    print("after", *[m in sys.modules for m in HELPERS], flush=True)
+"""
+
+
+def test_a_forked_zygote_brings_the_helpers_modules_the_trainer_lacked(
+    numbered: list[str], tmp_path: Path
+) -> None:
+    """Modules the helpers need and the trainer had not imported (numpy's random generators,
+    Pillow's JPEG plugin) are imported by the trainer as it forks the zygote, so every helper
+    holds them from the start, sharing their pages, rather than importing its own copy."""
+    proc = start_script(tmp_path / "train.py", PRELOADED.format(paths=numbered[:12]))
+    out, err = finish_script(proc)
+    assert proc.returncode == 0, err
+    assert out.split("\n")[:3] == ["before False False", "workers 1", "after True True"], out
+
+
 def test_no_zygote_once_loader_threads_exist(tmp_path: Path) -> None:
     """A process whose loader threads already run gets no zygote (a fork then could copy a
     held lock): its workers come from the stock fork server."""

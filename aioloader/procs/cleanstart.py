@@ -30,6 +30,7 @@ from aioloader.procs import roles
 from aioloader.safety import lifeline
 
 __all__ = [
+    "import_all",
     "main",
     "modules_of",
     "preloads",
@@ -113,14 +114,22 @@ def spawn_zygote(listener_fd: int, alive_r: int, parent: int | None, extra: Sequ
     return util.spawnv_passfds(os.fsencode(exe), args, [listener_fd, alive_r])
 
 
+def import_all(modules: Sequence[str]) -> None:
+    """Import each of ``modules`` not imported yet. One that fails is left to the helper that
+    needs it, which imports it again and says why."""
+    for name in modules:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - see the docstring
+            continue
+
+
 def main(listener_fd: int, alive_r: int, parent: int | None, modules: list[str]) -> None:  # pragma: no cover
     """The clean zygote's whole life (runs in the interpreter :func:`spawn_zygote` starts)."""
     begin(parent)
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a helper that needs it imports it (and says why)
-            continue
+    import_all(modules)
     serve(listener_fd, alive_r)
 
 
