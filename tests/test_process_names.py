@@ -139,13 +139,7 @@ def test_every_name_reads_whole_and_says_aioloader() -> None:
     than the others, and each starts with ``aioloader`` (for ``pgrep aioloader``)."""
     from aioloader.procs import roles
 
-    assert roles.NAMES == {
-        "zygote": ZYGOTE,
-        "loader": LOADER,
-        "worker": WORKER,
-        "reader": READER,
-        "tracker": "aioloader-track",
-    }
+    assert roles.NAMES == {"zygote": ZYGOTE, "loader": LOADER, "worker": WORKER, "reader": READER}
     assert all(len(name.encode()) <= 15 and name.startswith("aioloader") for name in roles.NAMES.values())
 
 

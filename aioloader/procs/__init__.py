@@ -4,7 +4,6 @@ running the training script, with the trainer's environment of now), and what ea
 | module | role |
 | --- | --- |
 | ``zygote.py`` | the fork server made when the first loader is made; ends with the trainer |
-| ``tracker.py`` | multiprocessing's resource tracker, forked with the zygote, not a second interpreter |
 | ``forksafe.py`` | the fork-safety rules: the threads a fork may pass, what the copy does first |
 | ``cleanstart.py`` | the zygote's other start: a fresh interpreter that preloads what the helpers import |
 | ``forking.py`` | how helpers start: no main module, the asking process's environment, ``sys.path`` and cwd |

@@ -1,7 +1,7 @@
 """What each of aioloader's helper processes is, and what ``ps``, ``top`` and ``htop`` call it.
 
 A helper records its role first thing (:func:`become`: ``"zygote"``, ``"loader"``,
-``"worker"``, ``"reader"``, ``"tracker"``; what it forks inherits it) and takes that role's name in
+``"worker"``, ``"reader"``; what it forks inherits it) and takes that role's name in
 ``/proc/<pid>/comm`` (:data:`NAMES`), so it shows as itself rather than as one more
 ``python``. A loader cannot be started inside a helper (:func:`refuse_loader_here`): its
 code would run in a worker or the loader process, where a second pool of helpers is never
@@ -27,7 +27,6 @@ NAMES = {
     "loader": "aioloader-loop",  # the loader process: the loader's event loop, reads, collate
     "worker": "aioloader-work",  # a decode worker
     "reader": "aioloader-read",  # a reader process (fast local reads off the loop)
-    "tracker": "aioloader-track",  # multiprocessing's resource tracker, forked (procs/tracker.py)
 }
 
 _PR_SET_NAME = 15

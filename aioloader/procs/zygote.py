@@ -33,8 +33,10 @@ forks helpers in milliseconds, and is shared by every loader of the process. It 
 the trainer's process does, however it ends: its "alive" pipe, whose write end only the
 trainer holds, reaches end of file, and on Linux the kernel kills it too when it was started
 from the trainer's main thread (the parent-death signal follows the starting thread; see
-:mod:`aioloader.safety.lifeline`). Each helper takes the trainer's environment, working
-directory and ``sys.path`` of the moment its loader starts (:mod:`aioloader.procs.forking`).
+:mod:`aioloader.safety.lifeline`). A clean exit ends it earlier, before the interpreter's
+teardown, once no helper of its lives (:func:`_stop_at_exit` says why). Each helper takes
+the trainer's environment, working directory and ``sys.path`` of the moment its loader
+starts (:mod:`aioloader.procs.forking`).
 
 Where it cannot be made (not POSIX, a Python whose fork-server internals differ, a loader
 thread already running), :func:`context` returns None and workers come from the stock
@@ -49,6 +51,7 @@ how a loader process reaches its trainer's zygote (:func:`address`, then :func:`
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import gc
 import os
@@ -57,6 +60,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import (
@@ -70,7 +74,7 @@ from multiprocessing import (
 from multiprocessing import context as mpcontext
 from typing import Any
 
-from aioloader.procs import cleanstart, forking, forksafe, roles, tracker
+from aioloader.procs import cleanstart, forking, forksafe, roles
 
 __all__ = ["Address", "address", "adopt", "context", "early", "pid", "started_by"]
 
@@ -92,16 +96,12 @@ class _Zygote(forkserver.ForkServer):
         # OpenBLAS's threads): see forksafe.census.
         threads = forksafe.census()
         how = forksafe.how_to_start(threads)
-        # Before the zygote, which inherits its pipe: every helper shares this one.
         if how == "fork":
             # What the helpers import that the trainer has not (numpy's random generators,
-            # Pillow's format plugins: about 15 ms), imported before the forks, so that the
-            # zygote, the tracker and every helper share one copy rather than each importing
-            # its own (RESULTS §37: 17 MiB less in a tree of two workers).
+            # Pillow's format plugins: about 15 ms), imported before the fork, so that the
+            # zygote and every helper share one copy rather than each importing its own.
             cleanstart.import_all(cleanstart.preloads())
-            tracker.fork_tracker()
-        else:
-            resource_tracker.ensure_running()
+        resource_tracker.ensure_running()  # before the zygote: workers share this one
         with socket.socket(socket.AF_UNIX) as listener:
             address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
             listener.bind(address)
@@ -246,7 +246,56 @@ def context(preload: Sequence[str] = ()) -> ZygoteContext | None:
         except OSError:
             return None
         _context = ZygoteContext()
+        atexit.register(_stop_at_exit)
         return _context
+
+
+def _stop_at_exit(wait: float = 1.0) -> None:
+    """End the zygote as the trainer's interpreter exits, once no helper of its lives (the
+    loaders' own exit hook, on ``threading``'s, ran before this one).
+
+    Forked, the zygote shares the trainer's pages of that moment; the trainer's teardown then
+    writes to nearly all of them (each object freed), and each page it writes while the zygote
+    still maps it is copied: for a moment the tree holds the trainer's import-time memory
+    twice (RESULTS §37). Ended first, the zygote gives those pages to the trainer alone."""
+    global _context
+    server = _server
+    if server is None or server.started_by is None:
+        return
+    pid = server._forkserver_pid
+    if _has_children(pid):
+        return
+    with _lock:
+        _context = None  # a loader made from here on takes the stock fork server
+    try:
+        os.close(server._alive_w)
+    except OSError:
+        return
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.002)
+
+
+def _has_children(pid: int) -> bool:
+    """Whether a process's parent is ``pid`` (Linux ``/proc``; True where it cannot tell)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in names:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                        return True
+            except (OSError, ValueError, IndexError):
+                continue
+    return False
 
 
 def started_by() -> forksafe.Start | None:
