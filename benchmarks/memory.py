@@ -17,7 +17,8 @@ training step would) while this script, outside that process, samples every 20 m
 The sampling is done from outside the measured process: a thread of the script's own in it
 would make aioloader start its zygote clean (see ``aioloader/procs/zygote.py``), not by the
 fork a script without threads gets. ``--with-thread`` measures that order on purpose: an idle
-Python thread (a TensorBoard writer's, say) started before the loader.
+Python thread (a TensorBoard writer's, say) started before the loader. ``--forward-first``
+runs a model's forward pass before the loader is made, as most training scripts do.
 
 Each peak is given twice: to the process's exit, and while loading (until ``close()``
 returned). They differ where the trainer's own teardown at exit writes to pages it shares
@@ -28,7 +29,7 @@ The report gives each peak and the 20,000 / 2,000 ratio per loader (1.00 = memor
 depend on the dataset size), and checks that no ``aioloader-*`` slab is left after
 ``close()``. Asserts nothing.
 
-    python benchmarks/memory.py [--sizes 2000 20000] [--workers N] [--image-size 500x375] [--with-thread]
+    python benchmarks/memory.py [--sizes 2000 20000] [--workers N] [--image-size 500x375] [--with-thread] [--forward-first]
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ class Sampler(threading.Thread):
             self.peak_shm = max(self.peak_shm, shm_bytes(pids))
 
 
-def one(loader_name: str, folder: str, workers: int, batch: int, with_thread: bool) -> dict[str, float]:
+def one(
+    loader_name: str, folder: str, workers: int, batch: int, with_thread: bool, forward_first: bool
+) -> dict[str, float]:
     """Run one epoch of one loader in this process (the parent samples its memory); returns
     the samples, seconds and slab bytes left after ``close()``."""
     import torch
@@ -119,6 +122,8 @@ def one(loader_name: str, folder: str, workers: int, batch: int, with_thread: bo
 
     files = FileDataset.from_folder(folder)
     decode = ImageDecoder(224)
+    if forward_first:  # a model's forward pass before the loader: PyTorch's intra-op threads exist
+        torch.nn.Conv2d(3, 8, 3)(torch.randn(4, 3, 64, 64))
     if with_thread:
         threading.Thread(target=threading.Event().wait, name="idle", daemon=True).start()
     start = time.perf_counter()
@@ -198,10 +203,22 @@ def main() -> int:
     p.add_argument(
         "--with-thread", action="store_true", help="an idle thread of the script's before the loader"
     )
+    p.add_argument("--forward-first", action="store_true", help="a forward pass before the loader")
     p.add_argument("--one", nargs=2, metavar=("LOADER", "FOLDER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], args.one[1], args.workers, args.batch_size, args.with_thread)))
+        print(
+            json.dumps(
+                one(
+                    args.one[0],
+                    args.one[1],
+                    args.workers,
+                    args.batch_size,
+                    args.with_thread,
+                    args.forward_first,
+                )
+            )
+        )
         return 0
 
     from aioloader.synthetic import make_image_folder
@@ -221,6 +238,7 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--one", name, str(folder)]
             cmd += ["--workers", str(args.workers), "--batch-size", str(args.batch_size)]
             cmd += ["--with-thread"] if args.with_thread else []
+            cmd += ["--forward-first"] if args.forward_first else []
             results[(name, n)] = measured(cmd)
             print(f"# {name} {n}: done in {results[(name, n)]['seconds']:.1f} s", flush=True)
     mib = 2**20

@@ -26,9 +26,7 @@ from aioloader.errors import LoaderError
 from aioloader.memory.segments import SHM_DIR, choose_kind
 from aioloader.plan.node import VARIABLES
 
-__all__ = ["RANK_VARIABLES", "probe"]
-
-RANK_VARIABLES = VARIABLES  # the launchers' variables the loader reads (plan/node.py)
+__all__ = ["probe"]
 
 
 def _torch() -> tuple[str | None, str | None, tuple[str, ...]]:
@@ -136,5 +134,5 @@ def probe() -> Facts:
         mem_available=mem.get("MemAvailable"),
         cgroup_limit=cgroup_limit(),
         cgroup_room=cgroup_room(),
-        ranks_env={n: os.environ[n] for n in RANK_VARIABLES if n in os.environ},
+        ranks_env={n: os.environ[n] for n in VARIABLES if n in os.environ},  # what a loader reads
     )
