@@ -25,6 +25,7 @@ from typing import Any
 from userfns import add_folder_args, batch_len, image_folder, random_crop
 
 from aioloader import FileDataset, Loader
+from aioloader.engine.sizing import chunk_size
 from aioloader.observe.stages import StageMeter
 from aioloader.observe.stats import Counters
 
@@ -86,7 +87,7 @@ def main() -> int:
             on.append(epoch(files, args.workers, "always"))
     pair, delivered = call_cost()
     batches = args.images / 64
-    chunks = args.images / 16  # chunk_size(64, 2) = 16: one decode and one read hop each
+    chunks = args.images / chunk_size(64, args.workers)  # one decode and one read hop each
     per_epoch = (args.images + chunks + 2 * batches) * pair + batches * delivered
     seconds = args.images / statistics.median(on)
     print(

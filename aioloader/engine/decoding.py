@@ -59,7 +59,7 @@ def decode_stage(
         decode,
         pool,
         # One round trip to a worker is amortised over a chunk, and a batch still spreads
-        # over every worker (two chunks each).
+        # over every worker (a chunk each).
         chunk=sizing.chunk_size(sampling.batch_size, workers),
         seed=sampling.seed,
         sample_timeout=failures.sample_timeout,
