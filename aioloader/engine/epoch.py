@@ -249,7 +249,8 @@ class Engine:
         probes = 0
         if self._stage is not None and work.first and opening.need_layout:
             probes = self._stage.probes
-        cuts = sizing.chunk_cuts(len(work.indices), self.chunk, probes)
+        chunk = sizing.opening_chunk(self.chunk) if work.first else self.chunk
+        cuts = sizing.chunk_cuts(len(work.indices), chunk, probes)
         work.probes = min(probes, len(cuts))
         if work.first:
             opening.cut(len(cuts), work.probes)
