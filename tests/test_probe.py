@@ -22,7 +22,7 @@ from aioloader import Loader
 from aioloader.decode.contract import DecodeRequest
 from aioloader.engine.batch import BatchSlabs
 from aioloader.engine.opening import Opening, OpeningState, Phase, Wake
-from aioloader.engine.sizing import chunk_cuts
+from aioloader.engine.sizing import chunk_cuts, chunk_size, opening_chunk
 from aioloader.memory.results import Pickled
 from aioloader.memory.slots import OrderedSlots
 
@@ -39,6 +39,45 @@ def test_chunk_cuts_put_the_probes_first_then_whole_chunks() -> None:
             assert [a for a, _ in cuts[1:]] == [b for _, b in cuts[:-1]]  # contiguous, in order
             assert cuts[0][0] == 0 and cuts[-1][1] == n
             assert all(0 < b - a <= 16 for a, b in cuts)
+
+
+def test_a_batch_is_one_task_per_worker_and_an_epochs_first_is_cut_in_half() -> None:
+    assert [chunk_size(64, w) for w in (1, 2, 3, 16, 64, 100)] == [32, 32, 22, 4, 1, 1]
+    assert [chunk_size(256, w) for w in (2, 8, 12)] == [32, 32, 22]
+    assert chunk_size(64, 0) == 64  # no workers: the whole batch
+    assert [opening_chunk(c) for c in (32, 31, 2, 1)] == [16, 16, 1, 1]
+
+
+def _sizes_of_tasks(loader: Loader) -> dict[tuple[int, int], list[int]]:
+    """Wrap the in-process engine's decode stage: each task's samples, by (epoch, batch)."""
+    stage = loader._runtime.engine._stage  # type: ignore[union-attr]
+    run = stage.run
+    sizes: dict[tuple[int, int], list[int]] = {}
+
+    async def recorded(request: DecodeRequest) -> Any:
+        sizes.setdefault((request.epoch, request.k), []).append(len(request.items))
+        return await run(request)
+
+    stage.run = recorded
+    return sizes
+
+
+def test_each_epochs_first_batch_decodes_in_half_size_tasks_the_rest_in_whole_ones(
+    numbered: list[str],
+) -> None:
+    """Real workers: every later batch goes out as one task per worker; an epoch's first
+    batch, which the trainer waits for alone, in tasks of half that (its probes, one sample
+    each, first while the layout is unknown)."""
+    with Loader(
+        numbered, batch_size=16, decode=_number, num_workers=2, shuffle=False, loader_process=False
+    ) as loader:
+        sizes = _sizes_of_tasks(loader)
+        for _ in range(2):
+            assert sum(len(b) for b in loader) == len(numbered)
+    assert sorted(sizes[0, 0]) == [1, 1, 2, 4, 4, 4]  # two probes, then 14 rows in fours
+    assert sorted(sizes[1, 0]) == [4, 4, 4, 4]  # the layout known: no probes
+    assert sizes[0, 1] == sizes[1, 1] == [8, 8]
+    assert sizes[0, 2] == sizes[1, 2] == [5]  # 37 files: the last batch's 5
 
 
 # -- the opening's states and events, pure (OpeningState: no loop) ---------------------------
