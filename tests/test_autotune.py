@@ -120,9 +120,10 @@ def test_memory_bound() -> None:
 
 
 def test_the_floor_covers_every_decode_slot() -> None:
-    assert io_floor(batch_size=64, num_workers=2, chunk=16) == 64
-    assert io_floor(batch_size=8, num_workers=12, chunk=1) == 24
-    assert io_floor(batch_size=4, num_workers=1, chunk=2) == 16
+    assert io_floor(batch_size=64, num_workers=2) == 64  # tasks of 32: one running, one queued a worker
+    assert io_floor(batch_size=256, num_workers=2) == 128  # two slots of 32 a worker
+    assert io_floor(batch_size=8, num_workers=12) == 24  # tasks of 1: a slot each
+    assert io_floor(batch_size=4, num_workers=1) == 16
 
 
 def test_cpu_clock_of_a_process() -> None:
@@ -184,7 +185,6 @@ def test_the_tuner_judges_each_tick_on_its_clocks(monkeypatch: pytest.MonkeyPatc
         reader,  # type: ignore[arg-type]
         decoder,  # type: ignore[arg-type]
         meters,
-        chunk=4,
         bytes_per_sample=lambda: 1024,
         memory_budget=1 << 30,
         trainer_pids=[7],

@@ -111,7 +111,6 @@ class Engine:
             self._reader,
             self._stage,
             self._counters.meters,
-            chunk=self.chunk,
             bytes_per_sample=self._bytes_per_sample,
             memory_budget=memory_budget(),
             trainer_pids=trainer_pids(trainer_pid),
@@ -249,7 +248,8 @@ class Engine:
         probes = 0
         if self._stage is not None and work.first and opening.need_layout:
             probes = self._stage.probes
-        chunk = sizing.opening_chunk(self.chunk) if work.first else self.chunk
+        # Without a decode stage a batch is its reads: one chunk, ranges coalesced across it.
+        chunk = sizing.opening_chunk(self.chunk) if work.first and self._stage is not None else self.chunk
         cuts = sizing.chunk_cuts(len(work.indices), chunk, probes)
         work.probes = min(probes, len(cuts))
         if work.first:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -66,10 +67,16 @@ def memory_budget() -> int:
     return 1 << 30 if available is None else max(64 << 20, min(8 << 30, available // 8))
 
 
-def io_floor(batch_size: int, num_workers: int, chunk: int) -> int:
-    """Fewest reads in flight ``"auto"`` goes to: enough for every decode slot's chunk
-    (two per worker), at least 16 (a page-cached group read holds one slot)."""
-    return max(16, 2 * num_workers * chunk)
+def io_floor(batch_size: int, num_workers: int) -> int:
+    """Fewest reads in flight ``"auto"`` goes to: a batch's samples, rounded up to an even
+    share for each of the two decode slots of every worker, at most 32 a slot (so at most
+    64 per worker), at least 16 (a page-cached group read holds one slot).
+
+    Not the decode tasks' own size: a task is a batch's share for one worker
+    (:func:`aioloader.engine.sizing.chunk_size`), and reads for two of them per worker
+    would deepen the batch window by a batch, a rows slab and an input arena more, with
+    no read faster for it (RESULTS §38)."""
+    return max(16, 2 * num_workers * min(32, math.ceil(batch_size / (2 * num_workers))))
 
 
 class Tuner:
@@ -90,7 +97,6 @@ class Tuner:
         decoder: DecodeStageLike | None,
         meters: dict[str, StageMeter],
         *,
-        chunk: int,
         bytes_per_sample: Callable[[], int],
         memory_budget: int,
         trainer_pids: Sequence[int],
@@ -107,7 +113,7 @@ class Tuner:
         self._on_io = on_io
         self.io: IoTuner | None = None
         if tuning.io:
-            lo = min(reader.max_io, io_floor(tuning.batch_size, tuning.workers, chunk))
+            lo = min(reader.max_io, io_floor(tuning.batch_size, tuning.workers))
             self.io = IoTuner(reader.io_concurrency, lo, reader.max_io)
             reader.set_limit(self.io.limit)
             if on_io is not None:
