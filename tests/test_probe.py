@@ -48,18 +48,20 @@ def test_a_batch_is_one_task_per_worker_and_an_epochs_first_is_cut_in_half() -> 
     assert [opening_chunk(c) for c in (32, 31, 2, 1)] == [16, 16, 1, 1]
 
 
-def _sizes_of_tasks(loader: Loader) -> dict[tuple[int, int], list[int]]:
-    """Wrap the in-process engine's decode stage: each task's samples, by (epoch, batch)."""
+def _record_tasks(loader: Loader) -> list[tuple[DecodeRequest, list[Any]]]:
+    """Wrap the in-process engine's decode stage: each task it ran, with its outcomes, in the
+    order they ended."""
     stage = loader._runtime.engine._stage  # type: ignore[union-attr]
     run = stage.run
-    sizes: dict[tuple[int, int], list[int]] = {}
+    tasks: list[tuple[DecodeRequest, list[Any]]] = []
 
     async def recorded(request: DecodeRequest) -> Any:
-        sizes.setdefault((request.epoch, request.k), []).append(len(request.items))
-        return await run(request)
+        outcomes = await run(request)
+        tasks.append((request, outcomes))
+        return outcomes
 
     stage.run = recorded
-    return sizes
+    return tasks
 
 
 def test_each_epochs_first_batch_decodes_in_half_size_tasks_the_rest_in_whole_ones(
@@ -71,9 +73,12 @@ def test_each_epochs_first_batch_decodes_in_half_size_tasks_the_rest_in_whole_on
     with Loader(
         numbered, batch_size=16, decode=_number, num_workers=2, shuffle=False, loader_process=False
     ) as loader:
-        sizes = _sizes_of_tasks(loader)
+        tasks = _record_tasks(loader)
         for _ in range(2):
             assert sum(len(b) for b in loader) == len(numbered)
+    sizes: dict[tuple[int, int], list[int]] = {}
+    for request, _ in tasks:
+        sizes.setdefault((request.epoch, request.k), []).append(len(request.items))
     assert sorted(sizes[0, 0]) == [1, 1, 2, 4, 4, 4]  # two probes, then 14 rows in fours
     assert sorted(sizes[1, 0]) == [4, 4, 4, 4]  # the layout known: no probes
     assert sizes[0, 1] == sizes[1, 1] == [8, 8]
@@ -386,19 +391,11 @@ def _number_but_a_workers_first(data: bytes) -> np.ndarray:
     return _number(data)
 
 
-def _count_pickled(loader: Loader) -> dict[int, int]:
-    """Wrap the in-process engine's decode stage: the samples that come back pickled, by
-    batch number (summed over epochs)."""
-    stage = loader._runtime.engine._stage  # type: ignore[union-attr]
-    run = stage.run
+def _pickled_by_batch(tasks: list[tuple[DecodeRequest, list[Any]]]) -> dict[int, int]:
+    """The samples that came back pickled, by batch number (summed over epochs)."""
     counts: dict[int, int] = {}
-
-    async def counted(request: DecodeRequest) -> Any:
-        outcomes = await run(request)
+    for request, outcomes in tasks:
         counts[request.k] = counts.get(request.k, 0) + sum(isinstance(o, Pickled) for o in outcomes)
-        return outcomes
-
-    stage.run = counted
     return counts
 
 
@@ -406,8 +403,9 @@ def test_only_the_probes_cross_pickled_and_the_first_batch_is_right(numbered: li
     with Loader(
         numbered, batch_size=8, decode=_number, num_workers=2, shuffle=False, loader_process=False
     ) as loader:
-        pickled = _count_pickled(loader)
+        tasks = _record_tasks(loader)
         batches = [b.clone() for b in loader]
+        pickled = _pickled_by_batch(tasks)
         assert pickled[0] == 2 and sum(pickled.values()) == 2  # a probe per worker; the rest in rows
         got = [int(row[0, 0, 0]) for b in batches for row in b]
         assert got == list(range(len(numbered)))  # the probes' samples are rows 0 and 1
@@ -427,9 +425,10 @@ def test_a_failed_probe_falls_back_to_learning_from_the_first_chunk(numbered: li
         on_error="skip",
         loader_process=False,
     ) as loader:
-        pickled = _count_pickled(loader)
+        tasks = _record_tasks(loader)
         got = [int(row[0, 0, 0]) for b in loader for row in b]
         assert got == list(range(1, len(numbered)))  # sample 0 was the probe, and failed
+        pickled = _pickled_by_batch(tasks)
         assert pickled.get(0) == 7 and sum(pickled.values()) == 7
         assert loader.stats.failures_by_reason
         got = [int(row[0, 0, 0]) for b in loader for row in b]  # the next epoch: rows only

@@ -41,8 +41,8 @@ def chunk_size(batch_size: int, num_workers: int) -> int:
     """Samples per decode task: a batch split into one task per worker, at most 32; with no
     decode workers (``num_workers=0``), the whole batch.
 
-    Each task costs a round trip (the loop, the executor's threads, the worker: about 1 ms
-    of CPU on a 2-core VM, RESULTS §38), so fewer, larger tasks leave more CPU to the
+    Each task costs a round trip (the loop, the executor's threads, the worker: about 1.5
+    ms of CPU on a 2-core VM, RESULTS §38), so fewer, larger tasks leave more CPU to the
     decode; one per worker still spreads a batch over every worker, and the batch window
     (at least two batches) keeps a second task queued for each."""
     if num_workers <= 0:
