@@ -16,6 +16,7 @@ import mmap
 import multiprocessing
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from aioloader import FileDataset, Loader, LoaderError
 from aioloader.base.items import Failure
 from aioloader.decode import worker as _worker
 from aioloader.decode.chunk import Chunk
+from aioloader.memory import segments
 from aioloader.memory.layout import SampleLayout
 from aioloader.memory.lifecycle import MOVES, SlabMoveError, SlabState
 from aioloader.memory.results import Failed
@@ -356,6 +358,40 @@ def test_devshm_fallback_slabs_are_files_and_go_at_close(
         assert all(shm_mapping(b) in files for b in batches)
     assert shm_segments() == set()
     assert [int(v) for b in batches for v in b[:, 0, 0]] == list(range(37))
+
+
+def test_the_tracker_never_holds_a_devshm_name_that_is_not_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``/dev/shm`` slab is registered with the resource tracker only while its name exists,
+    before its pages are reserved, and unregistered before the name goes (also when reserving
+    fails): a maker killed between any two steps leaves either a name the trainer finds by the
+    maker's pid, or nothing; never a registration of a missing name (the tracker's "leaked"
+    warning at exit) nor, with the whole tree killed, reserved memory nobody tracks."""
+    seen: list[tuple[str, bool, int]] = []
+
+    def spy(cmd: str) -> Callable[[str, str], None]:
+        def record(name: str, rtype: str) -> None:
+            path = "/dev/shm" + name
+            seen.append((cmd, os.path.exists(path), os.stat(path).st_size if os.path.exists(path) else -1))
+            (real_register if cmd == "register" else real_unregister)(name, rtype)
+
+        return record
+
+    real_register, real_unregister = segments.resource_tracker.register, segments.resource_tracker.unregister
+    monkeypatch.setattr(segments.resource_tracker, "register", spy("register"))
+    monkeypatch.setattr(segments.resource_tracker, "unregister", spy("unregister"))
+    seg = segments.Segment(f"aioloader-{os.getpid()}-0-{os.urandom(4).hex()}", 1 << 16, segments.DEVSHM)
+    seg.close()
+    assert seen == [("register", True, 0), ("unregister", True, 1 << 16)]
+    seen.clear()
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segments.os, "posix_fallocate", full)
+    with pytest.raises(LoaderError, match=r"cannot allocate a .* MiB shared-memory batch slab in /dev/shm"):
+        segments.Segment(f"aioloader-{os.getpid()}-1-{os.urandom(4).hex()}", 1 << 16, segments.DEVSHM)
+    assert seen == [("register", True, 0), ("unregister", True, 0)]
+    assert shm_segments() == set()
 
 
 def test_a_bad_slab_setting_is_a_clear_error(numbered: list[str], monkeypatch: pytest.MonkeyPatch) -> None:

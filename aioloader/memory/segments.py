@@ -19,8 +19,9 @@ is keyed by the segment's unique name, never by its path.
 Where memfd is impossible (no ``os.memfd_create``, not Linux, ``/proc`` not mounted), a
 segment is a file in ``/dev/shm``, as before: its pages are reserved when it is made (a
 tmpfs too small fails then, with a clear error, rather than with a SIGBUS later), it is
-registered with multiprocessing's resource tracker before it exists (so a killed trainer
-leaves nothing), and ``aioloader doctor`` finds those of dead processes.
+registered with multiprocessing's resource tracker while its name exists and before it has
+pages (so a killed trainer leaves no memory behind), and ``aioloader doctor`` finds those of
+dead processes.
 
 ``AIOLOADER_SLABS`` chooses, read each time a slab pool is made (:func:`choose_kind`):
 ``auto`` (the default: memfd where possible, else ``/dev/shm``), ``memfd`` (memfd or no
@@ -158,23 +159,21 @@ class Segment:
 
     def _make_devshm(self, name: str) -> tuple[mmap.mmap, SegmentHandle]:
         path = os.path.join(SHM_DIR, name)
-        # Registered before it exists: a kill between the two steps then leaves the tracker a
-        # name to unlink (or a name that is not there), never a segment it does not know of.
-        _track(name)
+        # Made, registered, then given its pages: the tracker never holds a name /dev/shm lacks
+        # (a maker killed between would leave it one the trainer cannot find, and a warning at
+        # exit), and a whole tree killed between the first two steps leaves an empty name,
+        # no memory, that carries the maker's pid for ``aioloader doctor``.
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        except BaseException:
-            _untrack(name)
-            raise
-        try:
+            _track(name)
             # Reserve the pages now: a tmpfs that is too small then fails here with ENOSPC,
             # instead of a SIGBUS in whichever process first touches a missing page.
             os.posix_fallocate(fd, 0, self.size)
             st = os.fstat(fd)
             return _map(fd, self.size), SegmentHandle(name, path, st.st_dev, st.st_ino)
         except OSError as exc:
-            os.unlink(path)
             _untrack(name)
+            os.unlink(path)
             free = shutil.disk_usage(SHM_DIR).free
             raise LoaderError(
                 f"cannot allocate a {self.size / 2**20:.1f} MiB shared-memory batch slab in {SHM_DIR} "

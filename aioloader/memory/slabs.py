@@ -34,12 +34,13 @@ Closing a slab makes it unreachable for other processes (its memfd descriptor cl
 ``/dev/shm`` name unlinked); memory that a held tensor still maps stays valid until that
 tensor dies. A memfd slab is gone with its last holder, so a trainer killed at any moment,
 even by SIGKILL, leaves nothing once its helpers end with it (:mod:`aioloader.safety.lifeline`).
-A ``/dev/shm`` slab is registered with multiprocessing's resource tracker before it is
-made, and the tracker unlinks what is still registered once every process holding its pipe
-is gone. Names carry the maker's pid (``aioloader-<pid>-<n>-<random>``), so ``aioloader
-doctor`` can find ``/dev/shm`` slabs of processes that are gone (a tracker killed too, say),
-and ``/proc/<pid>/maps`` shows whose a memfd mapping is. ``AIOLOADER_SLABS=devshm`` forces
-``/dev/shm`` (see :mod:`aioloader.memory.segments`).
+A ``/dev/shm`` slab is registered with multiprocessing's resource tracker once its name
+exists and before it has pages, and the tracker unlinks what is still registered once every
+process holding its pipe is gone. Names carry the maker's pid
+(``aioloader-<pid>-<n>-<random>``), so ``aioloader doctor`` can find ``/dev/shm`` slabs of
+processes that are gone (a tracker killed too, say), and ``/proc/<pid>/maps`` shows whose a
+memfd mapping is. ``AIOLOADER_SLABS=devshm`` forces ``/dev/shm`` (see
+:mod:`aioloader.memory.segments`).
 """
 
 from __future__ import annotations
