@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from helpers import (
     kill_session,
     overwrite_scan,
     scan_garbage,
+    script_env,
     session_survivors,
     shm_segments,
     start_script,
@@ -295,65 +295,42 @@ if __name__ == "__main__":
             list(loader)
         except aioloader.ReadError as err:
             print("ReadError", type(err.__cause__).__name__, err.path)
+    with aioloader.Loader({paths!r}, batch_size=2, shuffle=False, decode=None, on_error="skip") as loader:
+        print("ok", sum(len(batch) for batch in loader))
 """
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-def _world_readable_copy_of_the_package(site: Path) -> None:
-    """Copy the aioloader under test into ``site``, readable by every user: the checkout may
-    sit where another user cannot enter (a clone under /root, mode 0700)."""
-    shutil.copytree(
-        os.path.dirname(os.path.abspath(aioloader.__file__)),
-        site / "aioloader",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for dirpath, _, files in os.walk(site):
-        os.chmod(dirpath, 0o755)
-        for name in files:
-            os.chmod(os.path.join(dirpath, name), 0o644)
+#: Root without the two capabilities that let it read any file: a user for whom a mode-000
+#: file is unreadable, who can still run this interpreter and its packages wherever they are
+#: (a virtualenv in a private clone, mode 0700, which user nobody could not enter).
+NO_READ_OVERRIDE = [
+    "setpriv",
+    "--inh-caps=-dac_override,-dac_read_search",
+    "--bounding-set=-dac_override,-dac_read_search",
+]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
-def test_permission_denied_as_an_unprivileged_user() -> None:
-    """A file the loader's user may not read is a ReadError caused by PermissionError. Run
-    as user nobody (root reads every file), from a folder in /tmp that holds the script, the
-    files and a copy of the package, so nothing of the checkout needs to be reachable."""
-    folder = Path(tempfile.mkdtemp(prefix="aioloader-perm-", dir="/tmp"))
-    try:
-        folder.chmod(0o755)
-        _world_readable_copy_of_the_package(folder / "site")
-        env = {**os.environ, "PYTHONPATH": str(folder / "site")}
-        # The interpreter and its packages (torch, numpy) cannot be copied: if nobody cannot
-        # run them (a virtualenv inside a private home), there is nothing to test here.
-        probe = subprocess.run(
-            [*NOBODY, sys.executable, "-c", "import aioloader.loader; print(aioloader.__file__)"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=folder,
-            env=env,
-        )
-        if probe.returncode != 0:
-            last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-            pytest.skip(f"user nobody cannot run {sys.executable} with aioloader's dependencies: {last}")
-        assert probe.stdout.strip().startswith(str(folder / "site")), probe.stdout  # the copy
-        ok, secret = folder / "ok.txt", folder / "secret.txt"
-        ok.write_bytes(b"sample-000001")
-        secret.write_bytes(b"sample-000002")
-        secret.chmod(0o000)
-        script = folder / "run.py"
-        script.write_text(textwrap.dedent(PERMISSION_SCRIPT.format(paths=[str(ok), str(secret)])))
-        proc = subprocess.run(
-            [*NOBODY, sys.executable, str(script)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=folder,
-            env=env,
-        )
-    finally:
-        shutil.rmtree(folder)
-    assert proc.stdout.split() == ["ReadError", "PermissionError", str(secret)], proc.stderr
+def test_permission_denied_as_a_user_who_may_not_read_the_file(tmp_path: Path) -> None:
+    """A file the loader's user may not read is a ReadError caused by PermissionError,
+    naming the file; the other file of the batch is not lost. The script runs as root
+    without ``CAP_DAC_OVERRIDE`` and ``CAP_DAC_READ_SEARCH`` (``setpriv``), so that a mode-000
+    file is denied to it and to every helper it starts."""
+    ok, secret = tmp_path / "ok.txt", tmp_path / "secret.txt"
+    ok.write_bytes(b"sample-000001")
+    secret.write_bytes(b"sample-000002")
+    secret.chmod(0o000)
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(PERMISSION_SCRIPT.format(paths=[str(ok), str(secret)])))
+    proc = subprocess.run(
+        [*NO_READ_OVERRIDE, sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=script_env(),
+    )
+    if "setpriv:" in proc.stderr:  # a container that may not drop capabilities
+        pytest.skip(f"setpriv cannot drop the capabilities here: {proc.stderr.strip()}")
+    assert proc.stdout.split() == ["ReadError", "PermissionError", str(secret), "ok", "1"], proc.stderr
 
 
 def test_transient_read_errors_are_retried_and_counted(numbered: list[str]) -> None:
