@@ -370,8 +370,10 @@ def test_the_tracker_never_holds_a_devshm_name_that_is_not_there(monkeypatch: py
 
     def spy(cmd: str) -> Callable[[str, str], None]:
         def record(name: str, rtype: str) -> None:
-            path = "/dev/shm" + name
-            seen.append((cmd, os.path.exists(path), os.stat(path).st_size if os.path.exists(path) else -1))
+            try:
+                seen.append((cmd, True, os.stat(segments.SHM_DIR + name).st_size))
+            except FileNotFoundError:
+                seen.append((cmd, False, -1))
             (real_register if cmd == "register" else real_unregister)(name, rtype)
 
         return record
@@ -381,6 +383,7 @@ def test_the_tracker_never_holds_a_devshm_name_that_is_not_there(monkeypatch: py
     monkeypatch.setattr(segments.resource_tracker, "unregister", spy("unregister"))
     seg = segments.Segment(f"aioloader-{os.getpid()}-0-{os.urandom(4).hex()}", 1 << 16, segments.DEVSHM)
     seg.close()
+    seg.mmap.close()
     assert seen == [("register", True, 0), ("unregister", True, 1 << 16)]
     seen.clear()
 
